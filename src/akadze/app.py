@@ -1,0 +1,208 @@
+"""The application object: where tasks, schedules, hooks and settings are registered."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from . import database
+from .clock import SYSTEM_CLOCK, Clock
+from .errors import ConfigurationError, UnknownTask
+from .tasks import BackoffFunction, Task, TaskFunction
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_RETENTION = timedelta(days=7)
+
+
+class Akadze:
+    """An akadze application.
+
+    Nothing touches the database at construction: the URL is checked for form
+    only, and connections are opened when something needs one.
+
+    ``database_url`` defaults to ``AKADZE_DATABASE_URL`` and, without it, to the
+    embedded server (``akadze[embedded]``).
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        engine: AsyncEngine | None = None,
+        retention: timedelta = DEFAULT_RETENTION,
+        failed_retention: timedelta | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if database_url is not None:
+            database.normalize_url(database_url)  # form check only, no connection
+        if retention <= timedelta(0):
+            raise ConfigurationError("retention must be a positive timedelta")
+        if failed_retention is not None and failed_retention <= timedelta(0):
+            raise ConfigurationError("failed_retention must be a positive timedelta")
+        self._database_url = database_url
+        self._engine = engine
+        self.retention = retention
+        # Failed jobs are kept for inspection; by default four times as long.
+        self.failed_retention = failed_retention or retention * 4
+        self.clock: Clock = clock or SYSTEM_CLOCK
+        self.tasks: dict[str, Task[Any]] = {}
+        self.schedules: dict[str, Any] = {}
+        self.on_enqueue_hooks: list[Callable[..., Any]] = []
+        self.before_run_hooks: list[Callable[..., Any]] = []
+        self.after_run_hooks: list[Callable[..., Any]] = []
+        self.on_transition_hooks: list[Callable[..., Any]] = []
+
+    # -- database -----------------------------------------------------------------
+
+    @property
+    def database_url(self) -> str:
+        """The resolved database URL (explicit, environment, or embedded)."""
+        if self._database_url is None and self._engine is not None:
+            return database.normalize_url(
+                self._engine.url.render_as_string(hide_password=False)
+            )
+        return database.resolve_url(self._database_url)
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """A SQLAlchemy async engine on the app's database (needs ``akadze[sqlalchemy]``)."""
+        if self._engine is None:
+            try:
+                from sqlalchemy.ext.asyncio import create_async_engine
+            except ImportError:  # pragma: no cover - depends on the install
+                raise ConfigurationError(
+                    "app.engine needs SQLAlchemy: pip install 'akadze[sqlalchemy]'"
+                ) from None
+            self._engine = create_async_engine(database.sqlalchemy_url(self.database_url))
+        return self._engine
+
+    # -- tasks --------------------------------------------------------------------
+
+    @overload
+    def task(self, name: F, /) -> F: ...
+
+    @overload
+    def task(
+        self,
+        name: str | None = None,
+        /,
+        *,
+        queue: str = "default",
+        max_attempts: int = 3,
+        timeout: float | timedelta | None = None,
+        priority: int = 0,
+        backoff: BackoffFunction | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def task(
+        self,
+        name: str | Callable[..., Any] | None = None,
+        /,
+        *,
+        queue: str = "default",
+        max_attempts: int = 3,
+        timeout: float | timedelta | None = None,
+        priority: int = 0,
+        backoff: BackoffFunction | None = None,
+    ) -> Any:
+        """Register a task: ``@app.task("send_email", queue="mail")``.
+
+        The decorated function is returned as a :class:`Task`, which is still
+        callable like the function itself.
+        """
+        if callable(name):
+            raise ConfigurationError(
+                "@app.task needs an explicit name, e.g. @app.task(\"send_email\"): "
+                "the name is what queued jobs refer to, so moving code cannot break them"
+            )
+
+        def decorate(fn: TaskFunction) -> Task[Any]:
+            return self.register(
+                fn,
+                name=name if name is not None else "",
+                queue=queue,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                priority=priority,
+                backoff=backoff,
+            )
+
+        return decorate
+
+    def register(
+        self,
+        fn: TaskFunction,
+        *,
+        name: str,
+        queue: str = "default",
+        max_attempts: int = 3,
+        timeout: float | timedelta | None = None,
+        priority: int = 0,
+        backoff: BackoffFunction | None = None,
+    ) -> Task[Any]:
+        """Bind a plain callable as a task (for dependency injection)."""
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigurationError("a task needs a non-empty name")
+        if name in self.tasks:
+            raise ConfigurationError(f"a task named {name!r} is already registered")
+        task: Task[Any] = Task(
+            self,
+            fn,
+            name=name,
+            queue=queue,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            priority=priority,
+            backoff=backoff,
+        )
+        self.tasks[name] = task
+        return task
+
+    def include(self, module: str) -> None:
+        """Import ``module`` and call its ``register(app)``."""
+        try:
+            imported = importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigurationError(f"cannot import {module!r}: {exc}") from None
+        register = getattr(imported, "register", None)
+        if not callable(register):
+            raise ConfigurationError(f"module {module!r} has no register(app) function")
+        register(self)
+
+    def get_task(self, name: str) -> Task[Any]:
+        try:
+            return self.tasks[name]
+        except KeyError:
+            raise UnknownTask(f"no task named {name!r} is registered", field="task") from None
+
+    # -- hooks --------------------------------------------------------------------
+
+    def on_enqueue(self, fn: F) -> F:
+        """``fn(conn, job)`` runs in the enqueue transaction for every new job."""
+        self.on_enqueue_hooks.append(fn)
+        return fn
+
+    def before_run(self, fn: F) -> F:
+        """``fn(job)`` runs in the worker before each task run."""
+        self.before_run_hooks.append(fn)
+        return fn
+
+    def after_run(self, fn: F) -> F:
+        """``fn(job)`` runs in the worker after each task run, whatever its outcome."""
+        self.after_run_hooks.append(fn)
+        return fn
+
+    def on_transition(self, fn: F) -> F:
+        """``fn(conn, job, from_state, to_state)`` runs in the transaction of each change."""
+        self.on_transition_hooks.append(fn)
+        return fn
+
+    def __repr__(self) -> str:
+        shown = database.describe(self._database_url) if self._database_url else "default"
+        return f"<Akadze database={shown} tasks={len(self.tasks)}>"

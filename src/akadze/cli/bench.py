@@ -1,0 +1,10 @@
+"""``akadze bench``: not built yet."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group("bench")
+def command() -> None:
+    """(not built yet)"""

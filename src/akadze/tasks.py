@@ -1,0 +1,177 @@
+"""Tasks: named functions whose keyword arguments are validated by a pydantic model
+built from the function's signature."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import pydantic
+
+from .errors import ConfigurationError, EnqueueError
+
+if TYPE_CHECKING:
+    from .app import Akadze
+    from .enqueue import Enqueuer
+
+R = TypeVar("R")
+TaskFunction = Callable[..., Any]
+BackoffFunction = Callable[[int], timedelta]
+
+PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
+MAX_ATTEMPTS_MAX = 2**31 - 1
+
+
+def _check_priority(value: object, field: str = "priority") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EnqueueError(f"{field} must be an integer, got {value!r}", field=field)
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise EnqueueError(
+            f"{field} must be between {PRIORITY_MIN} and {PRIORITY_MAX}, got {value}", field=field
+        )
+    return value
+
+
+def _check_max_attempts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EnqueueError(f"max_attempts must be an integer, got {value!r}", field="max_attempts")
+    if not 1 <= value <= MAX_ATTEMPTS_MAX:
+        raise EnqueueError(
+            f"max_attempts must be between 1 and {MAX_ATTEMPTS_MAX}, got {value}",
+            field="max_attempts",
+        )
+    return value
+
+
+def args_model(fn: TaskFunction, name: str) -> type[pydantic.BaseModel]:
+    """A pydantic model of ``fn``'s keyword arguments. ``*args``/``**kwargs`` are refused:
+    a job's arguments must be named and validated."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"task {name!r}: cannot read the signature: {exc}") from None
+    fields: dict[str, Any] = {}
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigurationError(
+                f"task {name!r}: *args and **kwargs are not supported; "
+                "give every argument a name"
+            )
+        if param.kind is param.POSITIONAL_ONLY:
+            raise ConfigurationError(
+                f"task {name!r}: positional-only argument {param.name!r} is not supported"
+            )
+        annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, default)
+    model_name = "".join(part.capitalize() for part in name.replace(".", "_").split("_")) or "Task"
+    try:
+        return pydantic.create_model(
+            f"{model_name}Args",
+            __config__=pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=False),
+            __module__=getattr(fn, "__module__", __name__),
+            **fields,
+        )
+    except (pydantic.PydanticSchemaGenerationError, TypeError, NameError) as exc:
+        raise ConfigurationError(
+            f"task {name!r}: argument types are not supported: {exc}"
+        ) from None
+
+
+class Task(Generic[R]):
+    """A registered task. Calling it runs the function directly (handy in tests);
+    ``task.using(session=...).enqueue(**kwargs)`` queues a job."""
+
+    def __init__(
+        self,
+        app: Akadze,
+        fn: TaskFunction,
+        *,
+        name: str,
+        queue: str = "default",
+        max_attempts: int = 3,
+        timeout: float | timedelta | None = None,
+        priority: int = 0,
+        backoff: BackoffFunction | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigurationError(f"task {name!r}: {fn!r} is not callable")
+        if not isinstance(queue, str) or not queue:
+            raise ConfigurationError(f"task {name!r}: queue must be a non-empty string")
+        try:
+            _check_max_attempts(max_attempts)
+            _check_priority(priority)
+        except EnqueueError as exc:
+            raise ConfigurationError(f"task {name!r}: {exc}") from None
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"task {name!r}: timeout must be positive")
+        if backoff is not None and not callable(backoff):
+            raise ConfigurationError(f"task {name!r}: backoff must be callable")
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.queue = queue
+        self.max_attempts = max_attempts
+        self.timeout: float | None = timeout
+        self.priority = priority
+        self.backoff = backoff
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.args_model = args_model(fn, name)
+        self.__name__ = getattr(fn, "__name__", name)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def using(self, **options: Any) -> Enqueuer:
+        """Options for the next enqueue: ``session``, ``delay`` or ``run_at``, ``priority``,
+        ``max_attempts``, ``unique_key``, ``limit_key``, ``expires_at``, ``meta``, ``queue``."""
+        from .enqueue import Enqueuer
+
+        return Enqueuer(self, **options)
+
+    def validate_args(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Validate enqueue arguments; return their JSON form. Raises EnqueueError."""
+        try:
+            model = self.args_model.model_validate(kwargs)
+        except pydantic.ValidationError as exc:
+            raise EnqueueError(
+                _describe_validation(self.name, exc), field=_first_field(exc)
+            ) from None
+        return model.model_dump(mode="json", exclude_unset=True)
+
+    def load_args(self, stored: dict[str, Any]) -> dict[str, Any]:
+        """Validate stored JSON arguments before a run; return the call's keyword arguments."""
+        model = self.args_model.model_validate(stored)
+        return {name: getattr(model, name) for name in type(model).model_fields}
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name!r} queue={self.queue!r}>"
+
+
+def _first_field(exc: pydantic.ValidationError) -> str | None:
+    for error in exc.errors():
+        if error.get("loc"):
+            return ".".join(str(part) for part in error["loc"])
+    return None
+
+
+def _describe_validation(task: str, exc: pydantic.ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        loc = ".".join(str(part) for part in error.get("loc", ())) or "(arguments)"
+        kind = error.get("type", "")
+        if kind == "missing":
+            parts.append(f"missing argument {loc!r}")
+        elif kind == "extra_forbidden":
+            parts.append(f"unexpected argument {loc!r}")
+        else:
+            parts.append(f"argument {loc!r}: {error.get('msg', 'invalid')}")
+    more = len(exc.errors()) - 5
+    suffix = f" (and {more} more)" if more > 0 else ""
+    return f"task {task!r}: " + "; ".join(parts) + suffix
