@@ -1,10 +1,17 @@
-"""``akadze bench``: not built yet."""
+"""``akadze bench``: reproducible speed measurements with Markdown reports."""
 
 from __future__ import annotations
 
 import click
 
+from ..bench import claims, enqueue, throughput
+
 
 @click.group("bench")
 def command() -> None:
-    """(not built yet)"""
+    """Measure enqueue, claim and worker speed on this machine."""
+
+
+command.add_command(enqueue.command)
+command.add_command(claims.command)
+command.add_command(throughput.command)

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``akadze bench ...``; each writes an optional Markdown report."""
