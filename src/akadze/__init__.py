@@ -15,6 +15,15 @@ from .errors import (
     UnknownTask,
 )
 from .jobs import ClaimedJob, JobState
+from .limits import (
+    LimitSummary,
+    clear_limit,
+    clear_limit_sync,
+    list_limits,
+    list_limits_sync,
+    set_limit,
+    set_limit_sync,
+)
 from .migrate import migrate, migrate_sync
 from .tasks import Task
 
@@ -30,11 +39,18 @@ __all__ = [
     "JobNotFound",
     "JobState",
     "LimitError",
+    "LimitSummary",
     "MigrationError",
     "ScheduleError",
     "Task",
     "UnknownTask",
     "__version__",
+    "clear_limit",
+    "clear_limit_sync",
+    "list_limits",
+    "list_limits_sync",
     "migrate",
     "migrate_sync",
+    "set_limit",
+    "set_limit_sync",
 ]

@@ -1,0 +1,289 @@
+"""Cluster-wide limits of limit keys: set, clear and list them.
+
+A job opts in with ``limit_key``; a key may then carry a concurrency limit
+(``max_running``: at most that many of its jobs run at once, across every
+queue and worker) and a start-rate limit (``max_starts`` starts per sliding
+``window``). The claim enforces them; this module only edits and reports them.
+
+The first half of the module is a pure core (checking and merging a limit
+setting); the second half is the thin I/O shell, async with ``_sync`` twins.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import psycopg
+
+from . import queries
+from .errors import LimitError
+from .sessions import reading, reading_sync, writing, writing_sync
+
+MAX_KEY_LENGTH: Final = 255
+MAX_COUNT: Final = 2**31 - 1  # the columns are PostgreSQL integers
+
+
+class _Keep(enum.Enum):
+    KEEP = "keep"
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP: Final = _Keep.KEEP
+"""The default of every policy argument of :func:`set_limit`: keep the stored value."""
+
+
+@dataclass(frozen=True)
+class LimitSummary:
+    """One limit key: its policies and how much of them is in use right now.
+
+    ``running`` counts the key's running jobs in every queue; ``starts_in_window``
+    the starts recorded within the last ``window`` (0 without a rate limit).
+    """
+
+    key: str
+    max_running: int | None
+    max_starts: int | None
+    window: timedelta | None
+    running: int = 0
+    starts_in_window: int = 0
+
+
+@dataclass(frozen=True)
+class LimitPolicy:
+    """The three policy fields of a limits row."""
+
+    max_running: int | None
+    max_starts: int | None
+    window: timedelta | None
+
+
+# -- pure core -------------------------------------------------------------------------
+
+
+def check_key(key: object) -> str:
+    """The key itself, or LimitError when it cannot name a limit."""
+    if not isinstance(key, str):
+        raise LimitError(f"key must be a string, not {type(key).__name__}")
+    if not key.strip():
+        raise LimitError("key must be a non-empty string")
+    if "\x00" in key:
+        raise LimitError("key must not contain NUL characters")
+    if len(key) > MAX_KEY_LENGTH:
+        raise LimitError(f"key is {len(key)} characters long; at most {MAX_KEY_LENGTH} allowed")
+    return key
+
+
+def _check_count(field: str, value: object, minimum: int) -> int | _Keep | None:
+    if value is KEEP or value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LimitError(f"{field} must be an integer or None, not {type(value).__name__}")
+    if value < minimum:
+        raise LimitError(f"{field} must be >= {minimum}, got {value}")
+    if value > MAX_COUNT:
+        raise LimitError(f"{field} must be <= {MAX_COUNT}, got {value}")
+    return value
+
+
+def check_window(value: object) -> timedelta | _Keep | None:
+    """A window as a timedelta: given as a timedelta or a number of seconds."""
+    if value is KEEP or value is None:
+        return value
+    if isinstance(value, timedelta):
+        window = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise LimitError(f"window must be a finite number of seconds, got {value}")
+        try:
+            window = timedelta(seconds=value)
+        except OverflowError:
+            raise LimitError(f"window of {value} seconds is too long") from None
+    else:
+        raise LimitError(
+            f"window must be a timedelta or a number of seconds, not {type(value).__name__}"
+        )
+    if window <= timedelta(0):
+        raise LimitError(f"window must be positive, got {window}")
+    return window
+
+
+def merge_policy(
+    current: LimitPolicy | None,
+    *,
+    max_running: object = KEEP,
+    max_starts: object = KEEP,
+    window: object = KEEP,
+) -> LimitPolicy:
+    """The policy that results from applying the given fields to ``current``.
+
+    Omitted fields (``KEEP``) keep their current value (none, for a new key);
+    ``None`` clears a field. Raises LimitError, naming the field, when a value
+    is malformed or the result breaks a rule of the limits table.
+    """
+    running = _check_count("max_running", max_running, 0)
+    starts = _check_count("max_starts", max_starts, 1)
+    span = check_window(window)
+    base = current or LimitPolicy(None, None, None)
+    merged = LimitPolicy(
+        max_running=base.max_running if running is KEEP else running,
+        max_starts=base.max_starts if starts is KEEP else starts,
+        window=base.window if span is KEEP else span,
+    )
+    if merged.max_starts is not None and merged.window is None:
+        raise LimitError("max_starts needs a window (the span in which starts are counted)")
+    if merged.window is not None and merged.max_starts is None:
+        if starts is None:
+            raise LimitError(
+                "window must be cleared together with max_starts (pass window=None)"
+            )
+        raise LimitError("window needs max_starts (how many starts the window allows)")
+    if merged.max_running is None and merged.max_starts is None:
+        if current is None:
+            raise LimitError("a limit needs max_running or max_starts (with a window)")
+        raise LimitError(
+            "this would leave the limit without max_running or max_starts; "
+            "use clear_limit to remove it"
+        )
+    return merged
+
+
+def _policy_params(
+    key: str, merged: LimitPolicy, max_running: object, max_starts: object, window: object
+) -> dict[str, Any]:
+    return {
+        "key": key,
+        "max_running": merged.max_running,
+        "max_starts": merged.max_starts,
+        "window": merged.window,
+        "set_max_running": max_running is not KEEP,
+        "set_max_starts": max_starts is not KEEP,
+        "set_window": window is not KEEP,
+    }
+
+
+def _summary(row: tuple[Any, ...]) -> LimitSummary:
+    key, max_running, max_starts, window, *usage = row
+    running, starts = (int(usage[0]), int(usage[1])) if usage else (0, 0)
+    return LimitSummary(key, max_running, max_starts, window, running, starts)
+
+
+def _refused(exc: psycopg.Error) -> LimitError:
+    detail = (exc.diag.constraint_name or str(exc).splitlines()[0]) if exc.diag else str(exc)
+    return LimitError(f"the limits table refused the setting ({detail})")
+
+
+# -- async shell -----------------------------------------------------------------------
+
+
+async def set_limit(
+    session: Any,
+    key: str,
+    *,
+    max_running: int | _Keep | None = KEEP,
+    max_starts: int | _Keep | None = KEEP,
+    window: timedelta | float | _Keep | None = KEEP,
+) -> LimitSummary:
+    """Create or change the limit of ``key``; omitted policies keep their values.
+
+    ``None`` clears a policy (``max_starts`` and ``window`` go together). Runs in
+    the caller's transaction when ``session`` has one open, else in its own.
+    Returns the stored policies (usage counts are not read here: see list_limits).
+    """
+    key = check_key(key)
+    _check_inputs(max_running, max_starts, window)
+    async with writing(session) as conn:
+        cur = await conn.execute(queries.get("limit_lock"), {"key": key})
+        row = await cur.fetchone()
+        current = LimitPolicy(*row) if row else None
+        merged = merge_policy(
+            current, max_running=max_running, max_starts=max_starts, window=window
+        )
+        params = _policy_params(key, merged, max_running, max_starts, window)
+        try:
+            async with conn.transaction():
+                cur = await conn.execute(queries.get("limit_upsert"), params)
+                stored = await cur.fetchone()
+        except (psycopg.errors.CheckViolation, psycopg.errors.NotNullViolation) as exc:
+            raise _refused(exc) from None
+    assert stored is not None
+    return _summary(stored)
+
+
+async def clear_limit(session: Any, key: str) -> bool:
+    """Remove the limit of ``key`` and its recorded starts. True when there was one."""
+    key = check_key(key)
+    async with writing(session) as conn:
+        cur = await conn.execute(queries.get("limit_delete"), {"key": key})
+        existed = await cur.fetchone() is not None
+        await conn.execute(queries.get("limit_delete_marks"), {"key": key})
+    return existed
+
+
+async def list_limits(source: Any, *, now: datetime | None = None) -> list[LimitSummary]:
+    """Every limit, ordered by key, with its running jobs and starts in the window.
+
+    ``source``: an app, an AsyncEngine, a psycopg AsyncConnection or pool, or a URL.
+    """
+    async with reading(source) as conn:
+        cur = await conn.execute(queries.get("limit_list"), {"now": now})
+        rows = await cur.fetchall()
+    return [_summary(row) for row in rows]
+
+
+# -- sync twins ------------------------------------------------------------------------
+
+
+def set_limit_sync(
+    session: Any,
+    key: str,
+    *,
+    max_running: int | _Keep | None = KEEP,
+    max_starts: int | _Keep | None = KEEP,
+    window: timedelta | float | _Keep | None = KEEP,
+) -> LimitSummary:
+    """The sync twin of :func:`set_limit`."""
+    key = check_key(key)
+    _check_inputs(max_running, max_starts, window)
+    with writing_sync(session) as conn:
+        row = conn.execute(queries.get("limit_lock"), {"key": key}).fetchone()
+        current = LimitPolicy(*row) if row else None
+        merged = merge_policy(
+            current, max_running=max_running, max_starts=max_starts, window=window
+        )
+        params = _policy_params(key, merged, max_running, max_starts, window)
+        try:
+            with conn.transaction():
+                stored = conn.execute(queries.get("limit_upsert"), params).fetchone()
+        except (psycopg.errors.CheckViolation, psycopg.errors.NotNullViolation) as exc:
+            raise _refused(exc) from None
+    assert stored is not None
+    return _summary(stored)
+
+
+def clear_limit_sync(session: Any, key: str) -> bool:
+    """The sync twin of :func:`clear_limit`."""
+    key = check_key(key)
+    with writing_sync(session) as conn:
+        existed = conn.execute(queries.get("limit_delete"), {"key": key}).fetchone() is not None
+        conn.execute(queries.get("limit_delete_marks"), {"key": key})
+    return existed
+
+
+def list_limits_sync(source: Any, *, now: datetime | None = None) -> list[LimitSummary]:
+    """The sync twin of :func:`list_limits`."""
+    with reading_sync(source) as conn:
+        rows = conn.execute(queries.get("limit_list"), {"now": now}).fetchall()
+    return [_summary(row) for row in rows]
+
+
+def _check_inputs(max_running: object, max_starts: object, window: object) -> None:
+    """Malformed values are refused before any statement runs."""
+    _check_count("max_running", max_running, 0)
+    _check_count("max_starts", max_starts, 1)
+    check_window(window)
