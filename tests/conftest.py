@@ -26,7 +26,21 @@ TEMPLATE_LOCK = 0x616B61647A657474  # "akadzett": serialises template builds acr
 
 
 def _server_url() -> str:
-    return os.environ.get("AKADZE_TEST_DATABASE_URL") or DEFAULT_SERVER
+    return os.environ.get("AKADZE_TEST_DATABASE_URL") or fallback_server_url(DEFAULT_SERVER)
+
+
+def fallback_server_url(default: str, home: str | None = None) -> str:
+    """``default`` when a server answers there, else the admin URL of the embedded
+    server (started on demand; ``home`` defaults to the user's embedded directory)."""
+    from akadze import embedded
+
+    if embedded.answers(default):
+        return default
+    try:
+        return embedded.admin_url(home)
+    except Exception as exc:  # no extra, or it cannot start: say why, keep the default
+        print(f"no server at {default} and no embedded server: {exc}")
+        return default
 
 
 def _with_dbname(url: str, dbname: str) -> str:
