@@ -1,10 +1,230 @@
-"""``akadze bench claims`` (not built yet)."""
+"""``akadze bench claims``: the claim's speed per queue shape, and a load test.
+
+Speed (claim_scenarios.py): each scenario is built at ``--jobs`` ready jobs in
+one queue; per claim order, the full-ranking reference claim (``claim_oracle``)
+and the windowed ``claim`` each claim 20 slots ``--repeat`` times; medians side
+by side, in one run, and both must return the same jobs. Load (claim_load.py):
+concurrent claimer processes under tight limits, checked for any moment over a
+limit.
+
+The bench runs in a scratch database it creates (and drops) on the given server,
+unless ``--in-place`` names a database it may empty.
+"""
 
 from __future__ import annotations
 
+import os
+import platform
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
 import click
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from ..cli.options import database_url_option, print_table, resolve
+from ..database import connect, describe
+from ..migrate import migrate_connection
+from .claim_load import LoadResult, run_load
+from .claim_scenarios import SCENARIO_NAMES, SCENARIOS, SLOTS, Timing, build, measure
+
+Conn = psycopg.Connection[Any]
+
+
+# -- scratch database -------------------------------------------------------------------
+
+
+@contextmanager
+def scratch_database(url: str, in_place: bool) -> Iterator[str]:
+    """A migrated database to bench in: a new one on the server of ``url`` (dropped
+    afterwards), or ``url`` itself with ``in_place``."""
+    if in_place:
+        with connect(url) as conn:
+            migrate_connection(conn)
+        yield url
+        return
+    name = f"akadze_bench_{uuid.uuid4().hex[:10]}"
+    with connect(url) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    scratch = make_conninfo(url, dbname=name)
+    try:
+        with connect(scratch) as conn:
+            migrate_connection(conn)
+        yield scratch
+    finally:
+        with connect(url) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+# -- report -----------------------------------------------------------------------------
+
+
+def host_details(conn: Conn) -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = "?"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+                break
+    except OSError:
+        pass
+    row = conn.execute("SHOW server_version").fetchone()
+    return {
+        "CPU": cpu,
+        "cores": str(os.cpu_count()),
+        "RAM": ram,
+        "PostgreSQL": str(row[0]) if row else "?",
+        "Python": platform.python_version(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def _fmt_ms(value: float) -> str:
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def speed_rows(timings: Sequence[Timing], *, titles: bool = True) -> list[tuple[str, ...]]:
+    return [
+        (t.scenario.title if titles else t.scenario.name, t.order,
+         f"{t.jobs:,}".replace(",", " "), _fmt_ms(t.oracle),
+         _fmt_ms(t.windowed), f"{t.ratio:.1f}x", str(t.claimed), "yes" if t.same else "NO")
+        for t in timings
+    ]
+
+
+SPEED_COLUMNS = ("queue", "order", "ready jobs", "full ranking ms", "windowed ms", "ratio",
+                 "claimed", "same jobs")
+SHORT_COLUMNS = ("scenario", "order", "jobs", "ranking", "windowed", "ratio", "got", "same")
+LOAD_COLUMNS = ("order", "claimed", "completed", "claimed twice", "errors", "elapsed s",
+                "samples", "samples over a limit", "trigger violations")
+
+
+def load_rows(results: Sequence[LoadResult]) -> list[tuple[str, ...]]:
+    return [
+        (r.order, str(r.claimed), str(r.completed), str(r.claimed_twice), str(len(r.errors)),
+         f"{r.elapsed:.1f}", str(r.samples), str(r.sampled_over), str(r.trigger_over))
+        for r in results
+    ]
+
+
+def _md_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_report(path: Path, host: dict[str, str], repeat: int,
+                 timings: Sequence[Timing], loads: Sequence[LoadResult]) -> None:
+    parts = [
+        "# Claim speed (`akadze bench claims`)",
+        "",
+        "Host: " + "; ".join(f"{k} {v}" for k, v in host.items()) + ".",
+        "",
+        f"Slots = {SLOTS}; median of {repeat} claims per cell. *Full ranking*: "
+        "`claim_oracle`, which ranks the whole ready set in one statement. *Windowed*: "
+        "`claim`. Both are the public calls, each committing its own transaction; "
+        "between claims the claimed rows are restored and the table vacuumed (untimed).",
+        "",
+        _md_table(SPEED_COLUMNS, speed_rows(timings)),
+        "",
+        "Scenarios (N = ready jobs; queue order = run_at order unless said):",
+        "",
+    ]
+    seen: set[str] = set()
+    for t in timings:
+        if t.scenario.name not in seen:
+            seen.add(t.scenario.name)
+            parts.append(f"- `{t.scenario.name}` ({t.scenario.title}): "
+                         f"{t.scenario.description}.")
+    if loads:
+        first = loads[0]
+        parts += [
+            "",
+            f"## Load: {first.claimers} claimers, {first.jobs} jobs, up to "
+            f"{first.seconds:g} s",
+            "",
+            "Half the jobs over 20 keys with max_running = 5, half without a key. Each "
+            "claimer is a process with its own connection: claim up to 20, hold ~10 ms, "
+            "complete with a fenced UPDATE. *Samples over a limit*: one-snapshot samples "
+            "from another connection that saw a key over max_running; *trigger "
+            "violations*: claim commits after which a key was over (deferred constraint "
+            "trigger, serialised, see `bench_claims.sql`).",
+            "",
+            _md_table(LOAD_COLUMNS, load_rows(loads)),
+        ]
+        for r in loads:
+            for error in sorted(set(r.errors))[:10]:
+                parts.append(f"- {r.order}: `{error}`")
+    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+
+
+# -- command ----------------------------------------------------------------------------
+
+
+def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) -> None:
+    print_table(title, columns, rows)
 
 
 @click.command("claims")
-def command() -> None:
-    """(not built yet)"""
+@click.option("--jobs", type=click.IntRange(100, 10_000_000), default=100_000, show_default=True,
+              help="Ready jobs per scenario.")
+@click.option("--repeat", type=click.IntRange(1, 1000), default=15, show_default=True,
+              help="Claims per cell (the median is reported).")
+@click.option("--scenario", "names", multiple=True, type=click.Choice(SCENARIO_NAMES),
+              help="Only these scenarios (repeatable; default: all).")
+@click.option("--skip-load", is_flag=True, help="Skip the load test.")
+@click.option("--load-jobs", type=click.IntRange(100), default=20_000, show_default=True)
+@click.option("--load-seconds", type=click.FloatRange(0.5), default=20.0, show_default=True)
+@click.option("--claimers", type=click.IntRange(1, 64), default=10, show_default=True)
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a Markdown report here.")
+@click.option("--in-place", is_flag=True,
+              help="Bench in the given database itself: EMPTIES its akadze tables.")
+@database_url_option
+def command(jobs: int, repeat: int, names: tuple[str, ...], skip_load: bool, load_jobs: int,
+            load_seconds: float, claimers: int, report: Path | None, in_place: bool,
+            database_url: str | None) -> None:
+    """Time the windowed claim against the full ranking, and run the load test."""
+    url = resolve(database_url)
+    chosen = [s for s in SCENARIOS if not names or s.name in names]
+    timings: list[Timing] = []
+    loads: list[LoadResult] = []
+    click.echo(f"benching on {describe(url)}" + (" (in place)" if in_place else ""))
+    with scratch_database(url, in_place) as scratch, connect(scratch) as conn:
+        host = host_details(conn)
+        for scenario in chosen:
+            started = time.monotonic()
+            build(conn, scenario, jobs)
+            click.echo(f"built {scenario.name} ({jobs} jobs) in "
+                       f"{time.monotonic() - started:.1f} s", err=True)
+            for order in scenario.orders:
+                timings.append(measure(conn, scenario, order, jobs, repeat))
+        if timings:
+            _print(SHORT_COLUMNS, speed_rows(timings, titles=False),
+                   f"claim, {SLOTS} slots, median ms")
+        if not skip_load:
+            for order in ("default", "fair"):
+                loads.append(run_load(scratch, order, jobs=load_jobs, claimers=claimers,
+                                      seconds=load_seconds))
+            _print(LOAD_COLUMNS, load_rows(loads), "load test")
+            for r in loads:
+                for error in sorted(set(r.errors))[:5]:
+                    click.echo(f"{r.order}: {error}", err=True)
+    if report is not None:
+        write_report(report, host, repeat, timings, loads)
+        click.echo(f"report written to {report}")

@@ -1,0 +1,209 @@
+"""The queue shapes of ``akadze bench claims`` and how one claim is timed on them.
+
+Each scenario is built at N ready jobs in one queue, in queue order, with
+INSERT ... SELECT generate_series and then VACUUM ANALYZE. A claim is timed
+through the public calls (``claim_oracle``: the full ranking in one statement;
+``claim``: the windowed claim); each commits like a worker's claim and is then
+undone (rows back to queued with their counters, start marks removed) and the
+table vacuumed, untimed, so every claim sees the same queue.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from .. import queries
+from ..claim import claim, claim_oracle
+
+Conn = psycopg.Connection[Any]
+ClaimFn = Callable[..., Any]
+
+QUEUE = "bench"
+SLOTS = 20
+BASE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+# -- scenarios --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``share`` of the ready jobs, placed after the previous segment in run_at order.
+
+    Keys ``prefix0 .. prefix(keys-1)`` take turns in runs of ``block`` rows
+    (``keys=0``: no limit_key). ``priority`` of every row of the segment.
+    """
+
+    share: float
+    keys: int = 0
+    prefix: str = "k"
+    block: int = 1
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Running:
+    """``per_key`` running jobs in the bench queue for each key prefix0.. ."""
+
+    prefix: str
+    keys: int
+    per_key: int = 1
+
+
+@dataclass(frozen=True)
+class Limited:
+    """max_running on the keys prefix0 .. prefix(keys-1)."""
+
+    prefix: str
+    keys: int
+    max_running: int = 1
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str  # the row name in the seed's speed table
+    orders: tuple[str, ...]
+    segments: Callable[[int], tuple[Segment, ...]]
+    running: tuple[Running, ...] = ()
+    limited: tuple[Limited, ...] = ()
+    description: str = ""
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "keys-x5", "N/5 keys x 5 jobs", ("fair",),
+        lambda n: (Segment(1.0, keys=max(1, n // 5), prefix="k", block=5),),
+        description="every key has 5 consecutive jobs; no limits, nothing running",
+    ),
+    Scenario(
+        "busy-groups", "200 of 400 groups busy", ("fair",),
+        lambda n: (Segment(1.0, keys=400, prefix="g"),),
+        running=(Running("g", 200, per_key=5),),
+        description="400 groups take turns row by row; groups g0..g199 have 5 running "
+        "jobs each in the queue; no limits",
+    ),
+    Scenario(
+        "urgent", "5% urgent jobs over the rest", ("fair",),
+        lambda n: (Segment(0.95, keys=1000, prefix="t"),
+                   Segment(0.05, keys=50, prefix="u", priority=10)),
+        description="95% of the jobs at priority 0 over 1 000 keys, then (latest run_at) "
+        "5% at priority 10 over 50 keys; no limits",
+    ),
+    Scenario(
+        "at-limit-then-free", "1 000 keys at their limit, then free ones", ("fair", "default"),
+        lambda n: (Segment(0.2, keys=1000, prefix="b"), Segment(0.8, keys=8000, prefix="f")),
+        running=(Running("b", 1000),), limited=(Limited("b", 1000),),
+        description="the first 20% of the queue: 1 000 keys with max_running = 1 and one "
+        "running job each; then 80% over 8 000 keys without limits",
+    ),
+    Scenario(
+        "deep-backlog", "50 keys, one with a deep backlog", ("fair",),
+        lambda n: (Segment(0.9, keys=1, prefix="deep"), Segment(0.1, keys=49, prefix="k")),
+        description="the first 90% of the queue belongs to one key, then 10% over 49 keys "
+        "taking turns; no limits",
+    ),
+    Scenario(
+        "half-one-key", "first half: one key at its limit", ("default", "fair"),
+        lambda n: (Segment(0.5, keys=1, prefix="hot"), Segment(0.5)),
+        running=(Running("hot", 1),), limited=(Limited("hot", 1),),
+        description="the first 50% of the queue: one key with max_running = 1 and one "
+        "running job; then 50% without a key",
+    ),
+    Scenario(
+        "no-keys", "no keys, one group", ("fair",),
+        lambda n: (Segment(1.0),),
+        description="no job has a key (one fair group); nothing running",
+    ),
+    Scenario(
+        "whole-one-key", "whole queue: one key at its limit", ("default", "fair"),
+        lambda n: (Segment(1.0, keys=1, prefix="hot"),),
+        running=(Running("hot", 1),), limited=(Limited("hot", 1),),
+        description="every job has one key with max_running = 1 and one running job: "
+        "the claim returns nothing",
+    ),
+)
+SCENARIO_NAMES = tuple(s.name for s in SCENARIOS)
+
+
+def build(conn: Conn, scenario: Scenario, jobs: int) -> None:
+    """Empty the akadze tables and build ``scenario`` at ``jobs`` ready jobs."""
+    conn.execute(queries.get("bench_reset"))
+    start = 0
+    segments = scenario.segments(jobs)
+    for number, seg in enumerate(segments):
+        stop = jobs if number == len(segments) - 1 else start + round(seg.share * jobs)
+        conn.execute(queries.get("bench_insert_ready"), {
+            "queue": QUEUE, "priority": seg.priority, "base": BASE, "keys": seg.keys,
+            "prefix": seg.prefix, "block": seg.block, "start": start, "stop": stop,
+        })
+        start = stop
+    for run in scenario.running:
+        conn.execute(queries.get("bench_insert_running"), {
+            "queue": QUEUE, "prefix": run.prefix, "keys": run.keys, "per_key": run.per_key,
+            "base": BASE})
+    for lim in scenario.limited:
+        conn.execute(queries.get("bench_insert_limits"), {
+            "prefix": lim.prefix, "keys": lim.keys, "max_running": lim.max_running})
+    conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
+
+
+# -- timing -----------------------------------------------------------------------------
+
+
+@dataclass
+class Timing:
+    scenario: Scenario
+    order: str
+    jobs: int
+    oracle_ms: list[float] = field(default_factory=list)
+    claim_ms: list[float] = field(default_factory=list)
+    claimed: int = 0
+    same: bool = True
+
+    @property
+    def oracle(self) -> float:
+        return statistics.median(self.oracle_ms)
+
+    @property
+    def windowed(self) -> float:
+        return statistics.median(self.claim_ms)
+
+    @property
+    def ratio(self) -> float:
+        return self.oracle / self.windowed if self.windowed else float("inf")
+
+
+def _timed(conn: Conn, fn: ClaimFn, fair: bool) -> tuple[float, list[int]]:
+    started = time.perf_counter()
+    got = fn(conn, queue=QUEUE, slots=SLOTS, fair=fair, worker_id="bench")
+    elapsed = (time.perf_counter() - started) * 1000
+    ids = [job.id for job in got]
+    conn.execute(queries.get("bench_restore"), {"ids": ids})
+    conn.execute("VACUUM akadze.jobs")
+    return elapsed, ids
+
+
+def measure(conn: Conn, scenario: Scenario, order: str, jobs: int, repeat: int) -> Timing:
+    fair = order == "fair"
+    timing = Timing(scenario, order, jobs)
+    _timed(conn, claim_oracle, fair)  # warm-up, untimed
+    _timed(conn, claim, fair)
+    for _ in range(repeat):
+        # alternate which goes first, so that neither profits from the other's cache
+        for fn, out in ((claim_oracle, timing.oracle_ms), (claim, timing.claim_ms)):
+            ms, ids = _timed(conn, fn, fair)
+            out.append(ms)
+            if fn is claim_oracle:
+                expected = ids
+            elif ids != expected:
+                timing.same = False
+        timing.claimed = len(expected)
+    return timing

@@ -1,0 +1,139 @@
+-- Statements of `akadze bench claims` (src/akadze/bench/claims.py). They run
+-- only in the bench's scratch database (or one given with --in-place), never in
+-- production code paths.
+
+-- name: bench_reset
+-- An empty queue world for the next scenario. TRUNCATE rather than DELETE: the
+-- next build then starts from clean tables and indexes.
+TRUNCATE akadze.jobs, akadze.limits, akadze.start_marks, akadze.queue_pauses RESTART IDENTITY
+
+-- name: bench_insert_ready
+-- One segment of ready jobs, in queue order: row g (start <= g < stop) gets
+-- run_at = base + g ms, so g is also its place in the queue within a priority,
+-- and ids follow g (ORDER BY g). Keys: prefix || ((g / block) mod keys), i.e. the
+-- keys take turns in runs of `block` rows; keys = 0 means no limit_key.
+INSERT INTO akadze.jobs (queue, task, priority, run_at, limit_key, created_at)
+SELECT %(queue)s, 'bench', %(priority)s,
+       %(base)s::timestamptz + g * interval '1 millisecond',
+       CASE WHEN %(keys)s::int = 0 THEN NULL
+            ELSE %(prefix)s || ((g / %(block)s::int) %% %(keys)s::int)::text END,
+       %(base)s::timestamptz
+FROM generate_series(%(start)s::int, %(stop)s::int - 1) AS g
+ORDER BY g
+
+-- name: bench_insert_load
+-- The load test's queue: rows alternate between a key (k0 .. k(keys-1) in
+-- turn) and no key, so both halves are spread over the whole queue.
+INSERT INTO akadze.jobs (queue, task, run_at, limit_key, created_at)
+SELECT %(queue)s, 'bench',
+       %(base)s::timestamptz + g * interval '1 millisecond',
+       CASE WHEN g %% 2 = 0 THEN 'k' || ((g / 2) %% %(keys)s::int)::text END,
+       %(base)s::timestamptz
+FROM generate_series(0, %(jobs)s::int - 1) AS g
+ORDER BY g
+
+-- name: bench_insert_running
+-- `per_key` running jobs for each of the keys prefix0 .. prefix(keys-1).
+INSERT INTO akadze.jobs (queue, task, state, limit_key, run_count, attempt, worker_id,
+                         run_at, started_at)
+SELECT %(queue)s, 'bench', 'running', %(prefix)s || k::text, 1, 1, 'bench-busy',
+       %(base)s::timestamptz, %(base)s::timestamptz
+FROM generate_series(0, %(keys)s::int - 1) AS k,
+     generate_series(1, %(per_key)s::int) AS n
+
+-- name: bench_insert_limits
+-- A concurrency limit on each of the keys prefix0 .. prefix(keys-1).
+INSERT INTO akadze.limits (key, max_running)
+SELECT %(prefix)s || k::text, %(max_running)s::int
+FROM generate_series(0, %(keys)s::int - 1) AS k
+
+-- name: bench_restore
+-- Undo one claim exactly (the bench's claims commit, like a worker's): the
+-- claimed rows go back to queued with their counters as they were, and their
+-- start marks go away.
+WITH marks AS (
+    DELETE FROM akadze.start_marks WHERE job_id = ANY (%(ids)s::bigint[])
+)
+UPDATE akadze.jobs
+SET state = 'queued', run_count = run_count - 1, attempt = attempt - 1,
+    worker_id = NULL, started_at = NULL
+WHERE id = ANY (%(ids)s::bigint[]) AND state = 'running'
+
+-- name: bench_ready_count
+SELECT count(*) FROM akadze.jobs WHERE queue = %(queue)s AND state = 'queued'
+
+-- name: bench_load_complete
+-- The load test's outcome write, fenced like a worker's: a row is finished only
+-- while it is still running under the run_count it was claimed with.
+UPDATE akadze.jobs j
+SET state = 'succeeded', finished_at = now()
+FROM unnest(%(ids)s::bigint[], %(run_counts)s::int[]) AS c(id, run_count)
+WHERE j.id = c.id AND j.run_count = c.run_count AND j.state = 'running'
+
+-- name: bench_load_over_limit
+-- One consistent sample (one snapshot): keys running more jobs than max_running.
+SELECT j.limit_key, count(*) AS running, l.max_running
+FROM akadze.jobs j
+JOIN akadze.limits l ON l.key = j.limit_key
+WHERE j.state = 'running' AND l.max_running IS NOT NULL
+GROUP BY j.limit_key, l.max_running
+HAVING count(*) > l.max_running
+
+-- name: bench_load_progress
+SELECT count(*) FILTER (WHERE state = 'succeeded') AS completed,
+       count(*) FILTER (WHERE run_count > 0) AS claimed,
+       count(*) FILTER (WHERE run_count > 1) AS claimed_twice
+FROM akadze.jobs
+WHERE queue = %(queue)s
+
+-- name: bench_load_watch
+-- A test-only watch on every claim commit (created in the scratch database,
+-- never by migrations). The constraint trigger is deferred, so it runs when the
+-- claiming transaction commits, once per row that became running with a key.
+-- It first takes one transaction-level advisory lock that every such commit
+-- takes: so the checks (and the commits) of claims that run keys are serialised,
+-- and when a check acquires the lock, the claim that held it before has
+-- committed and is visible to the fresh READ COMMITTED snapshot of the count.
+-- Running counts only grow at these commits, so checking every one of them
+-- sees every moment a key could be over its limit. The lock is the last one a
+-- claim takes and its holder waits for nothing, so it cannot deadlock.
+CREATE SCHEMA IF NOT EXISTS akadze_bench;
+CREATE TABLE IF NOT EXISTS akadze_bench.violations (
+    key text, running bigint, max_running int, job_id bigint,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE OR REPLACE FUNCTION akadze_bench.check_running() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    allowed int;
+    running bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(7164829301);
+    SELECT l.max_running INTO allowed FROM akadze.limits l WHERE l.key = NEW.limit_key;
+    IF allowed IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT count(*) INTO running
+    FROM akadze.jobs j WHERE j.state = 'running' AND j.limit_key = NEW.limit_key;
+    IF running > allowed THEN
+        INSERT INTO akadze_bench.violations (key, running, max_running, job_id)
+        VALUES (NEW.limit_key, running, allowed, NEW.id);
+    END IF;
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS bench_check_running ON akadze.jobs;
+CREATE CONSTRAINT TRIGGER bench_check_running
+    AFTER UPDATE ON akadze.jobs
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (NEW.state = 'running' AND OLD.state <> 'running' AND NEW.limit_key IS NOT NULL)
+    EXECUTE FUNCTION akadze_bench.check_running()
+
+-- name: bench_load_unwatch
+DROP TRIGGER IF EXISTS bench_check_running ON akadze.jobs;
+DROP SCHEMA IF EXISTS akadze_bench CASCADE
+
+-- name: bench_load_violations
+SELECT count(*), count(DISTINCT key), max(running - max_running)
+FROM akadze_bench.violations

@@ -1,0 +1,64 @@
+"""``akadze bench claims`` at tiny sizes, so that it cannot rot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from akadze.cli import main
+
+
+def _bench_databases(server_url: str) -> set[str]:
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        return {r[0] for r in admin.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'akadze_bench_%'")}
+
+
+def test_bench_in_place_with_load_and_report(
+    database_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "claims.md"
+    code = main([
+        "bench", "claims", "--in-place", "--database-url", database_url,
+        "--jobs", "2000", "--repeat", "2", "--load-jobs", "1000", "--load-seconds", "2",
+        "--claimers", "4", "--report", str(report),
+    ])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    text = report.read_text()
+    assert "PostgreSQL" in text and "Python" in text and "cores" in text
+    # one row per scenario and order of the seed's table: 11
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "2 000" in line]
+    assert len(rows) == 11
+    assert all(line.rstrip().endswith("| yes |") for line in rows), rows
+    load = [line for line in text.splitlines()
+            if line.startswith("| default |") or line.startswith("| fair |")]
+    assert len(load) == 2
+    for line in load:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        claimed, completed, twice, errors = map(int, cells[1:5])
+        assert claimed > 0 and completed == claimed
+        assert twice == 0 and errors == 0
+        assert cells[7:9] == ["0", "0"]  # no sample and no commit over a limit
+
+
+def test_bench_makes_and_drops_its_own_database(server_url: str, tmp_path: Path) -> None:
+    before = _bench_databases(server_url)
+    report = tmp_path / "claims.md"
+    code = main([
+        "bench", "claims", "--database-url", server_url, "--jobs", "500", "--repeat", "1",
+        "--scenario", "no-keys", "--scenario", "whole-one-key", "--skip-load",
+        "--report", str(report),
+    ])
+    assert code == 0
+    text = report.read_text()
+    assert "`no-keys`" in text and "`whole-one-key`" in text and "`urgent`" not in text
+    assert "## Load" not in text
+    assert _bench_databases(server_url) == before
+
+
+def test_bad_scenario_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "claims", "--scenario", "nope"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
