@@ -14,7 +14,7 @@ from importlib import resources
 
 import psycopg
 
-from . import database
+from . import database, queries
 from .errors import MigrationError
 
 # Advisory lock key for migrations: a fixed 64-bit number ("akadzemg" in ASCII).
@@ -148,3 +148,22 @@ async def migrate(url: str | None = None) -> list[Migration]:
 def pending_sync(url: str | None = None) -> list[Migration]:
     with database.connect(database.resolve_url(url)) as conn:
         return pending_connection(conn)
+
+
+_SCHEMA_PARTS = (
+    ("type", "schema_types"),
+    ("column", "schema_columns"),
+    ("constraint", "schema_constraints"),
+    ("index", "schema_indexes"),
+    ("trigger", "schema_triggers"),
+    ("function", "schema_functions"),
+)
+
+
+def describe_schema(conn: psycopg.Connection[tuple[object, ...]]) -> str:
+    """A stable, line-per-object text description of the ``akadze`` schema."""
+    lines: list[str] = []
+    for kind, query in _SCHEMA_PARTS:
+        for row in conn.execute(queries.get(query)):
+            lines.append(kind + " " + " | ".join("" if v is None else str(v) for v in row))
+    return "\n".join(lines) + "\n"
