@@ -54,3 +54,25 @@ __all__ = [
     "set_limit",
     "set_limit_sync",
 ]
+
+# The worker runtime.
+from .cancellation import request_cancel, request_cancel_sync
+from .errors import JobLost, WorkerError
+from .outcomes import Cancel, Fail, Retry, Snooze, TaskOutcome
+from .runs import RunContext, current
+from .worker import Worker
+
+__all__ += [
+    "Cancel",
+    "Fail",
+    "JobLost",
+    "Retry",
+    "RunContext",
+    "Snooze",
+    "TaskOutcome",
+    "Worker",
+    "WorkerError",
+    "current",
+    "request_cancel",
+    "request_cancel_sync",
+]

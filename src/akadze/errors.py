@@ -64,3 +64,9 @@ class EmbeddedServerError(AkadzeError):
 
 class WorkerError(AkadzeError):
     """The worker was misconfigured or could not run."""
+
+
+class JobLost(AkadzeError):
+    """A run lost its job: it was cancelled, timed out, given back or rescued after a lost
+    lease, so the run's fencing token (``run_count``) no longer matches and its writes
+    were discarded."""

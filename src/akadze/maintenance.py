@@ -1,0 +1,106 @@
+"""Cluster maintenance run from inside the workers, one runner at a time.
+
+Every worker ticks periodically; whoever gets the maintenance advisory lock (taken
+without waiting, so nobody queues up behind it) does the round:
+
+- rescue: delete workers whose lease expired and take back their running jobs;
+- schedules: enqueue the due fires of periodic schedules (``akadze.schedules``);
+- retention: prune old finished jobs (``akadze.retention``), less often.
+
+No process assumes it is alone: the lock lives in the database, and each step is
+safe even if two rounds overlapped (the callees coordinate through the database
+too).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from . import queries, retention, schedules
+from .hooks import call_transition_hooks
+from .jobs import ClaimedJob
+
+if TYPE_CHECKING:
+    from .app import Akadze
+
+logger = logging.getLogger("akadze.worker")
+
+
+@dataclass
+class Round:
+    """What one maintenance round did."""
+
+    rescued: list[tuple[int, str]] = field(default_factory=list)  # (job id, new state)
+    scheduled: list[int] = field(default_factory=list)
+    pruned: int = 0
+
+
+def _job(row: tuple[Any, ...]) -> ClaimedJob:
+    return ClaimedJob(
+        id=row[0], queue=row[1], task=row[2], args=row[3], priority=row[4], run_at=row[5],
+        limit_key=row[6], run_count=row[7], attempt=row[8], max_attempts=row[9],
+        meta=row[10], unique_key=row[11], expires_at=row[12], worker_id=row[13],
+        started_at=row[14],
+    )
+
+
+async def rescue_expired(
+    conn: psycopg.AsyncConnection[Any],
+    app: Akadze | None,
+    *,
+    now: datetime | None = None,
+    orphan_grace: float = 30.0,
+) -> list[tuple[int, str]]:
+    """Requeue (or fail, on their last attempt) the running jobs of workers whose
+    lease expired; return ``(job id, new state)`` pairs. Runs its own transaction;
+    on_transition hooks run in it."""
+    params = {"now": now, "orphan_grace": orphan_grace}
+    async with conn.transaction():
+        cur = await conn.execute(queries.get("rescue_expired"), params)
+        rows = await cur.fetchall()
+        hooks = app.on_transition_hooks if app is not None else []
+        rescued = []
+        for row in rows:
+            state = str(row[15])
+            if hooks:
+                await call_transition_hooks(hooks, conn, _job(row), "running", state)
+            rescued.append((int(row[0]), state))
+    for job_id, state in rescued:
+        logger.warning(
+            "job %d was rescued from a worker whose lease expired: now %s", job_id, state,
+            extra={"job_id": job_id, "state": state},
+        )
+    return rescued
+
+
+async def run_round(
+    conn: psycopg.AsyncConnection[Any],
+    app: Akadze,
+    *,
+    now: datetime,
+    sql_now: datetime | None = None,
+    orphan_grace: float = 30.0,
+    prune: bool = False,
+) -> Round | None:
+    """One maintenance round if this process gets the lock (else None). ``conn`` is
+    an autocommit connection outside any transaction; the lock is released before
+    returning, or with the connection if it breaks."""
+    cur = await conn.execute(queries.get("maintenance_try_lock"))
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return None
+    try:
+        done = Round()
+        done.rescued = await rescue_expired(conn, app, now=sql_now, orphan_grace=orphan_grace)
+        done.scheduled = list(await schedules.enqueue_due(conn, app, now))
+        if prune:
+            done.pruned = int(await retention.prune(conn, app, now))
+        return done
+    finally:
+        if not conn.closed and not conn.broken:
+            await conn.execute(queries.get("maintenance_unlock"))

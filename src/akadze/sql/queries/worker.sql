@@ -1,0 +1,143 @@
+-- Queries of the worker runtime (akadze.worker, akadze.leases, akadze.maintenance,
+-- akadze.cancellation). %(now)s is the injectable clock: NULL means the database's
+-- now(), the normal case.
+
+-- name: worker_heartbeat
+-- Register or refresh this worker's lease. An upsert, so a worker whose row was
+-- deleted (presumed dead while it could not reach the database) registers again;
+-- "inserted" tells it so (its running jobs may have been rescued: fencing decides).
+INSERT INTO akadze.workers AS w (id, host, pid, queues, lease, started_at, heartbeat_at)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s::text[],
+        %(lease)s * interval '1 second',
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (id) DO UPDATE
+    SET heartbeat_at = excluded.heartbeat_at, lease = excluded.lease, queues = excluded.queues
+RETURNING (xmax = 0) AS inserted;
+
+-- name: worker_unregister
+DELETE FROM akadze.workers WHERE id = %(id)s;
+
+-- name: worker_cancel_requested
+-- The poll fallback of cancellation: this worker's running jobs someone asked to
+-- cancel (reads the small partial index of running rows).
+SELECT id FROM akadze.jobs
+WHERE worker_id = %(worker_id)s AND state = 'running' AND cancel_requested;
+
+-- name: finish_jobs
+-- Many run outcomes in one statement, one array element per job. Each row is
+-- fenced: it changes only while it is still the same run (run_count) and still
+-- running, so a worker that lost a job (rescued, given back, cancelled) cannot
+-- overwrite what happened since. Rows that fail the fence are simply absent from
+-- RETURNING.
+--   delay NULL keeps run_at (a give-back keeps its place in the queue);
+--   attempt_delta -1 refunds the attempt the claim counted (snooze, give-back);
+--   error NULL leaves errors unchanged.
+UPDATE akadze.jobs AS j
+SET state = f.state,
+    attempt = j.attempt + f.attempt_delta,
+    run_at = CASE WHEN f.delay IS NULL THEN j.run_at
+                  ELSE coalesce(%(now)s::timestamptz, now()) + f.delay * interval '1 second'
+             END,
+    result = CASE WHEN f.state = 'succeeded' THEN f.result::jsonb ELSE j.result END,
+    errors = akadze.append_error(j.errors, f.error::jsonb),
+    finished_at = CASE WHEN f.state IN ('succeeded', 'failed', 'cancelled')
+                       THEN coalesce(%(now)s::timestamptz, now()) END,
+    worker_id = CASE WHEN f.state = 'queued' THEN NULL ELSE j.worker_id END
+FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(states)s::akadze.job_state[],
+            %(attempt_deltas)s::integer[], %(delays)s::float8[], %(results)s::text[],
+            %(errors)s::text[])
+     AS f(id, run_count, state, attempt_delta, delay, result, error)
+WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
+RETURNING j.id;
+
+-- name: finish_one
+-- The same change for one job, used by complete_tx() inside the task's own
+-- transaction (the task's writes commit with it, or not at all).
+UPDATE akadze.jobs AS j
+SET state = 'succeeded',
+    result = %(result)s::jsonb,
+    finished_at = coalesce(%(now)s::timestamptz, now())
+WHERE j.id = %(id)s AND j.run_count = %(run_count)s AND j.state = 'running'
+RETURNING j.id;
+
+-- name: rescue_expired
+-- Lease expiry. Delete the workers whose heartbeat is older than their lease and
+-- take back the running jobs of any worker that has no row any more (deleted
+-- just now, or earlier by another rescuer, or never registered once the job
+-- started longer than orphan_grace ago). The run is spent: back to 'queued'
+-- keeping the original run_at (its place in the queue), or 'failed' on the last
+-- attempt. Rows locked by a finishing worker are skipped (SKIP LOCKED); they are
+-- finished, or orphans next time.
+WITH dead AS (
+    DELETE FROM akadze.workers AS w
+    WHERE w.heartbeat_at + w.lease < coalesce(%(now)s::timestamptz, now())
+    RETURNING w.id
+), lost AS (
+    SELECT j.id
+    FROM akadze.jobs AS j
+    WHERE j.state = 'running'
+      AND (
+          j.worker_id IN (SELECT d.id FROM dead AS d)
+          OR (
+              j.started_at < coalesce(%(now)s::timestamptz, now()) - %(orphan_grace)s * interval '1 second'
+              AND NOT EXISTS (SELECT 1 FROM akadze.workers AS w WHERE w.id = j.worker_id)
+          )
+      )
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE akadze.jobs AS j
+SET state = CASE WHEN j.attempt >= j.max_attempts
+                 THEN 'failed'::akadze.job_state ELSE 'queued'::akadze.job_state END,
+    finished_at = CASE WHEN j.attempt >= j.max_attempts
+                       THEN coalesce(%(now)s::timestamptz, now()) END,
+    errors = akadze.append_error(j.errors, jsonb_build_object(
+        'attempt', j.attempt,
+        'at', coalesce(%(now)s::timestamptz, now()),
+        'error', 'WorkerLost',
+        'message', 'worker ' || coalesce(j.worker_id, '(none)')
+                   || ' stopped renewing its lease; the run was abandoned')),
+    worker_id = NULL
+FROM lost
+WHERE j.id = lost.id
+RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
+          j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
+          j.started_at, j.state;
+
+-- name: maintenance_try_lock
+-- One maintenance runner at a time across the cluster: a session-level advisory
+-- lock taken without waiting ("akadzemt" as a 64-bit number).
+SELECT pg_try_advisory_lock(7019811528365141364);
+
+-- name: maintenance_unlock
+SELECT pg_advisory_unlock(7019811528365141364);
+
+-- name: job_for_cancel
+-- Lock the job whose cancellation is requested, to decide between the queued and
+-- the running case without racing a claim.
+SELECT j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
+       j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
+       j.started_at, j.state
+FROM akadze.jobs AS j
+WHERE j.id = %(id)s
+FOR UPDATE;
+
+-- name: cancel_queued
+UPDATE akadze.jobs AS j
+SET state = 'cancelled',
+    cancel_requested = true,
+    finished_at = coalesce(%(now)s::timestamptz, now()),
+    errors = akadze.append_error(j.errors, jsonb_build_object(
+        'attempt', j.attempt, 'at', coalesce(%(now)s::timestamptz, now()),
+        'error', 'Cancelled', 'message', 'cancelled before it ran'))
+WHERE j.id = %(id)s AND j.state = 'queued'
+RETURNING j.id;
+
+-- name: cancel_running
+-- A running job is told: the flag is what the worker's poll reads, and the
+-- notification (delivered at commit) is the fast path.
+WITH flagged AS (
+    UPDATE akadze.jobs SET cancel_requested = true
+    WHERE id = %(id)s AND state = 'running'
+    RETURNING id
+)
+SELECT id, pg_notify('akadze_cancel', id::text) FROM flagged;
