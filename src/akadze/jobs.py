@@ -42,3 +42,24 @@ class ClaimedJob:
     expires_at: datetime | None = None
     worker_id: str | None = None
     started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class EnqueuedJob:
+    """A job as it was just inserted by an enqueue; what ``on_enqueue`` hooks receive.
+
+    ``args`` and ``meta`` are the stored JSON forms; ``run_at`` is the time the job
+    becomes ready (database time, including ``delay``).
+    """
+
+    id: int
+    queue: str
+    task: str
+    args: dict[str, Any]
+    priority: int
+    run_at: datetime
+    max_attempts: int
+    limit_key: str | None = None
+    unique_key: str | None = None
+    expires_at: datetime | None = None
+    meta: dict[str, Any] = field(default_factory=dict)

@@ -202,7 +202,7 @@ async def async_connection(session: Any) -> AsyncConnection:
     raise _unsupported(session, "async session")
 
 
-def _is_source(obj: object) -> bool:
+def is_source(obj: object) -> bool:
     """Objects akadze opens a connection of its own from."""
     if obj is None or isinstance(obj, str) or _is_app(obj):
         return True
@@ -295,7 +295,7 @@ def writing_sync(session: Any) -> Iterator[SyncConnection]:
     - a source (app, URL, engine, pool, ``None`` for the default URL): a connection and
       transaction of its own, committed on a clean exit.
     """
-    if _is_source(session):
+    if is_source(session):
         with _open_sync(session) as conn, _own_transaction_sync(conn):
             yield conn
         return
@@ -307,7 +307,7 @@ def writing_sync(session: Any) -> Iterator[SyncConnection]:
 @asynccontextmanager
 async def writing(session: Any) -> AsyncIterator[AsyncConnection]:
     """The async twin of :func:`writing_sync`."""
-    if _is_source(session):
+    if is_source(session):
         async with _open_async(session) as conn, _own_transaction(conn):
             yield conn
         return
@@ -355,7 +355,7 @@ def reading_sync(source: Any) -> Iterator[SyncConnection]:
     """A psycopg connection to read with: the session's own connection, or a connection
     opened from a source (app, URL, ``Engine``, ``ConnectionPool``) and closed (returned)
     on exit."""
-    if _is_source(source):
+    if is_source(source):
         with _open_sync(source) as conn:
             yield conn
         return
@@ -365,7 +365,7 @@ def reading_sync(source: Any) -> Iterator[SyncConnection]:
 @asynccontextmanager
 async def reading(source: Any) -> AsyncIterator[AsyncConnection]:
     """The async twin of :func:`reading_sync` (``AsyncEngine``, ``AsyncConnectionPool``)."""
-    if _is_source(source):
+    if is_source(source):
         async with _open_async(source) as conn:
             yield conn
         return
