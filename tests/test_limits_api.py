@@ -261,3 +261,23 @@ def test_merge_obeys_the_table_rules(
         assert merged.max_running == max_running
     if max_starts is KEEP:
         assert merged.max_starts == base.max_starts
+
+
+def test_sqlalchemy_session_joins_its_transaction(database_url: str, conn: Conn) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from akadze.database import sqlalchemy_url
+
+    engine = create_engine(sqlalchemy_url(database_url))
+    try:
+        with Session(engine) as session:
+            set_limit_sync(session, "acme", max_running=2)
+            session.rollback()
+            assert _rows(conn) == []
+            set_limit_sync(session, "acme", max_running=3)
+            session.commit()
+        assert _rows(conn) == [("acme", 3, None, None)]
+        assert list_limits_sync(engine) == [LimitSummary("acme", 3, None, None)]
+    finally:
+        engine.dispose()
