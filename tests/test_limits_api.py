@@ -14,7 +14,7 @@ from akadze import LimitError, LimitSummary
 from akadze.app import Akadze
 from akadze.limits import (
     KEEP,
-    MAX_KEY_LENGTH,
+    MAX_KEY_BYTES,
     LimitPolicy,
     clear_limit,
     clear_limit_sync,
@@ -93,7 +93,8 @@ async def test_bad_settings_raise_and_write_nothing(
 
 
 @pytest.mark.parametrize(
-    "key", ["", "   ", "a\x00b", "k" * (MAX_KEY_LENGTH + 1), 7, None]
+    "key", ["", "a\x00b", "k" * (MAX_KEY_BYTES + 1), "é" * (MAX_KEY_BYTES // 2 + 1),
+            "\ud800", 7, None]
 )
 async def test_bad_keys_are_refused(aconn: AConn, conn: Conn, key: Any) -> None:
     with pytest.raises(LimitError, match="key"):
@@ -130,6 +131,13 @@ async def test_a_refusal_leaves_the_callers_transaction_usable(database_url: str
         await set_limit(tx, "c", max_running=2)
         await tx.commit()
     assert [s.key for s in await list_limits(database_url)] == ["a", "c"]
+
+
+async def test_any_key_a_job_can_carry_can_be_limited(aconn: AConn) -> None:
+    keys = [" ", "tenant:acme/éü", "k" * MAX_KEY_BYTES]
+    for key in keys:
+        await set_limit(aconn, key, max_running=1)
+    assert sorted(s.key for s in await list_limits(aconn)) == sorted(keys)
 
 
 def test_sync_twins(conn: Conn) -> None:

@@ -21,9 +21,10 @@ import psycopg
 
 from . import queries
 from .errors import LimitError
+from .jobspec import KEY_MAX_BYTES
 from .sessions import reading, reading_sync, writing, writing_sync
 
-MAX_KEY_LENGTH: Final = 255
+MAX_KEY_BYTES: Final = KEY_MAX_BYTES  # the same bound as a job's limit_key
 MAX_COUNT: Final = 2**31 - 1  # the columns are PostgreSQL integers
 
 
@@ -67,15 +68,23 @@ class LimitPolicy:
 
 
 def check_key(key: object) -> str:
-    """The key itself, or LimitError when it cannot name a limit."""
+    """The key itself, or LimitError when it cannot name a limit.
+
+    Accepts exactly the keys a job can carry (see ``akadze.jobspec``): a non-empty
+    string without NUL, at most KEY_MAX_BYTES in UTF-8.
+    """
     if not isinstance(key, str):
         raise LimitError(f"key must be a string, not {type(key).__name__}")
-    if not key.strip():
+    if not key:
         raise LimitError("key must be a non-empty string")
     if "\x00" in key:
         raise LimitError("key must not contain NUL characters")
-    if len(key) > MAX_KEY_LENGTH:
-        raise LimitError(f"key is {len(key)} characters long; at most {MAX_KEY_LENGTH} allowed")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise LimitError("key is not valid Unicode (a lone surrogate)") from None
+    if size > MAX_KEY_BYTES:
+        raise LimitError(f"key is {size} bytes long in UTF-8; at most {MAX_KEY_BYTES} allowed")
     return key
 
 
