@@ -1,0 +1,233 @@
+"""The planner, driven by a simulated shell over in-memory queues, returns exactly
+what a plain reading of claim-semantics.md returns."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from akadze.planner import (
+    MAX_WINDOW,
+    Key,
+    Limit,
+    NeedState,
+    ReadMore,
+    Row,
+    Settled,
+    View,
+    first_window,
+    headroom,
+    plan,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An index entry: a row in the ready index, which may not be ready for us
+    (cancel requested, expired, a task we do not run)."""
+
+    row: Row
+    ready: bool
+
+
+def oracle(rows: Sequence[Row], room: Mapping[str, int], busy: Mapping[Key, int],
+           slots: int, fair: bool) -> list[int]:
+    """claim-semantics.md, read literally."""
+    in_order = sorted(rows, key=lambda r: (-r.priority, r.run_at, r.id))
+    number: Counter[str] = Counter()
+    eligible = []
+    for row in in_order:
+        if row.key is not None and row.key in room:
+            number[row.key] += 1
+            if number[row.key] > room[row.key]:
+                continue
+        eligible.append(row)
+    if not fair:
+        return [r.id for r in eligible[:slots]]
+    r_num: Counter[tuple[Key, int]] = Counter()
+    keyed = []
+    for row in eligible:
+        r_num[(row.key, row.priority)] += 1
+        turn = busy.get(row.key, 0) + r_num[(row.key, row.priority)]
+        keyed.append(((-row.priority, turn, row.run_at, row.id), row.id))
+    keyed.sort()
+    return [i for _, i in keyed[:slots]]
+
+
+def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Key, int],
+             slots: int, fair: bool, per_key_after: int | None) -> tuple[list[int], int]:
+    """Drive the planner like the claim shell does: windows over the index with
+    exclusions; after ``per_key_after`` windows, a skip scan learns the groups and
+    reads go per group. Returns (ids, number of windows read)."""
+    index = sorted(entries, key=lambda e: e.row.position)
+    rows: list[Row] = []
+    pos: tuple[int, datetime, int] | None = None
+    boundary: int | None = None
+    complete = False
+    window = 0
+    excluded: frozenset[Key] = frozenset()
+    known_room: dict[str, int] = {}
+    unlimited: set[str] = set()
+    known_busy: dict[Key, int] = {}
+    universe: frozenset[Key] | None = None
+    reads = 0
+    for _ in range(10_000):
+        view = View(slots=slots, fair=fair, rows=list(rows), boundary=boundary,
+                    complete=complete, window=window, excluded=excluded,
+                    headroom=dict(known_room), unlimited=frozenset(unlimited),
+                    busy=dict(known_busy), universe=universe)
+        decision = plan(view)
+        if isinstance(decision, Settled):
+            return list(decision.take), reads
+        if isinstance(decision, NeedState):
+            assert decision.keys or decision.groups
+            for key in decision.keys:
+                assert key not in known_room and key not in unlimited
+                if key in room:
+                    known_room[key] = room[key]
+                else:
+                    unlimited.add(key)
+            for group in decision.groups:
+                assert group not in known_busy
+                known_busy[group] = busy.get(group, 0)
+            continue
+        assert isinstance(decision, ReadMore)
+        assert not complete, "asked to read past the end"
+        assert decision.exclude >= excluded, "exclusions only grow"
+        assert 0 < decision.window <= MAX_WINDOW
+        excluded = decision.exclude
+        window = decision.window
+        reads += 1
+        after = [e for e in index if (pos is None or e.row.position > pos)
+                 and e.row.key not in excluded]
+        if per_key_after is not None and reads > per_key_after:
+            universe = frozenset(e.row.key for e in index)
+            per_group: dict[Key, list[Entry]] = {}
+            for e in after:
+                per_group.setdefault(e.row.key, []).append(e)
+            heads = [g[:window] for g in per_group.values()]
+            full = [h[-1].row.position for h in heads if len(h) == window]
+            if full:
+                edge = min(full)
+                got = sorted((e for h in heads for e in h if e.row.position <= edge),
+                             key=lambda e: e.row.position)
+            else:
+                got = sorted((e for h in heads for e in h), key=lambda e: e.row.position)
+                complete = True
+        else:
+            got = after[:window]
+            complete = len(got) < window
+        if got:
+            pos = got[-1].row.position
+            boundary = got[-1].row.priority
+        rows.extend(e.row for e in got if e.ready)
+    raise AssertionError("the planner did not settle")
+
+
+keys = st.sampled_from([None, "a", "b", "c", "d", "e"])
+
+
+@st.composite
+def queues(draw: st.DrawFn) -> tuple[list[Entry], dict[str, int], dict[Key, int]]:
+    n = draw(st.integers(0, 90))
+    skew = draw(st.booleans())
+    drawn = draw(st.lists(
+        st.tuples(keys, st.sampled_from([0, 0, 0, 1, 5]), st.integers(0, 6),
+                  st.integers(0, 15), st.integers(0, 3)),
+        min_size=n, max_size=n,
+    ))
+    entries = []
+    for i, (key, priority, second, readiness, bias) in enumerate(drawn):
+        if skew and bias > 0:
+            key = "a"
+        row = Row(id=i + 1, priority=priority, run_at=T0 + timedelta(seconds=second), key=key)
+        entries.append(Entry(row, ready=readiness > 0))
+    room = draw(st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 5)))
+    busy = draw(st.dictionaries(keys, st.integers(0, 6)))
+    return entries, room, busy
+
+
+def check_planner(queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int,
+                  fair: bool, per_key_after: int | None) -> None:
+    entries, room, busy = queue
+    got, _ = simulate(entries, room, busy, slots, fair, per_key_after)
+    ready = [e.row for e in entries if e.ready]
+    assert got == oracle(ready, room, busy, slots, fair)
+
+
+CASES = {
+    "queue": queues(),
+    "slots": st.sampled_from([1, 1, 2, 3, 5, 8]),
+    "fair": st.booleans(),
+    "per_key_after": st.one_of(st.none(), st.integers(0, 3)),
+}
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**CASES)
+def test_planner_matches_the_oracle(
+    queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int, fair: bool,
+    per_key_after: int | None,
+) -> None:
+    check_planner(queue, slots, fair, per_key_after)
+
+
+@pytest.mark.slow
+@settings(max_examples=20_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**CASES)
+def test_planner_matches_the_oracle_many(
+    queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int, fair: bool,
+    per_key_after: int | None,
+) -> None:
+    check_planner(queue, slots, fair, per_key_after)
+
+
+def test_head_window_settles_a_plain_queue() -> None:
+    entries = [Entry(Row(i, 0, T0, None), True) for i in range(1, 1000)]
+    got, reads = simulate(entries, {}, {}, 20, False, None)
+    assert got == list(range(1, 21)) and reads == 1
+
+
+def test_fair_with_every_group_idle_settles_on_the_head_window() -> None:
+    entries = [Entry(Row(i, 0, T0, f"k{i % 300}"), True) for i in range(1, 3000)]
+    got, reads = simulate(entries, {}, {}, 20, True, None)
+    assert got == list(range(1, 21)) and reads == 1
+
+
+def test_fair_needs_to_look_past_a_busy_group() -> None:
+    # one busy group fills the head; a lone idle job far behind wins the first slot
+    entries = [Entry(Row(i, 0, T0, "big"), True) for i in range(1, 500)]
+    entries.append(Entry(Row(500, 0, T0, "small"), True))
+    got, _ = simulate(entries, {}, {"big": 3}, 5, True, None)
+    assert got == [500, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("limit", "room"),
+    [
+        (Limit(5, 2, None, 0), 3),
+        (Limit(None, 0, 4, 4), 0),
+        (Limit(2, 0, 10, 9), 1),
+        (Limit(1, 3, None, 0), 0),
+    ],
+)
+def test_headroom(limit: Limit, room: int) -> None:
+    assert headroom(limit) == room
+
+
+def test_headroom_needs_a_policy() -> None:
+    with pytest.raises(ValueError):
+        headroom(Limit(None, 0, None, 0))
+
+
+def test_first_window_is_four_times_the_slots() -> None:
+    assert first_window(20) == 80
+    assert first_window(10**6) == MAX_WINDOW
