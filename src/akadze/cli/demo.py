@@ -52,7 +52,7 @@ class _Progress:
             self.live.update(self.table(snapshot, rate))
         elif snapshot.elapsed - self.last_line >= 1.0 or snapshot.finished >= self.plan.total:
             self.last_line = snapshot.elapsed
-            self.console.print(self.line(snapshot, rate), highlight=False)
+            self.console.print(self.line(snapshot, rate), soft_wrap=True)
 
     def _in_use(self, tenant: demo.TenantPlan, counts: demo.Counts) -> str:
         if tenant.max_running is not None:
@@ -109,10 +109,9 @@ def _summary(result: demo.Result, console: Console) -> None:
     console.print(table)
     for check in result.checks:
         mark = "[green]PASS[/green]" if check.ok else "[red]FAIL[/red]"
-        console.print(f"{mark} {check.name}: {check.detail}", highlight=False)
+        console.print(f"{mark} {check.name}: {check.detail}", soft_wrap=True)
     verdict = "all checks passed" if result.ok else "some checks FAILED"
-    console.print(f"{verdict} ({result.elapsed:.1f}s, queue {result.plan.queue})",
-                  highlight=False)
+    console.print(f"{verdict} ({result.elapsed:.1f}s, queue {result.plan.queue})")
 
 
 @click.command("demo")
@@ -147,7 +146,9 @@ def command(
     console = Console(highlight=False, width=140 if plain else None)
     console.print(
         f"akadze demo on {describe(url)}: {plan.total} jobs, {len(plan.tenants)} tenants, "
-        f"jobs of ~{plan.duration * 1000:.0f} ms, budget {seconds:g}s"
+        f"jobs of ~{plan.duration * 1000:.0f} ms, budget {seconds:g}s",
+        soft_wrap=True,
+        markup=False,
     )
     # The failing jobs fail on purpose: the worker's retry warnings would only
     # interleave with the progress display, which counts the retries itself.
