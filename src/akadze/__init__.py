@@ -76,3 +76,10 @@ __all__ += [
     "request_cancel",
     "request_cancel_sync",
 ]
+
+# Enqueue.
+from .enqueue import Enqueuer  # noqa: E402
+from .jobs import EnqueuedJob  # noqa: E402
+from .jobspec import Job  # noqa: E402
+
+__all__ += ["EnqueuedJob", "Enqueuer", "Job"]

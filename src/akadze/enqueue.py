@@ -78,7 +78,7 @@ class Enqueuer:
 
     # -- async ------------------------------------------------------------------------
 
-    async def enqueue(self, **kwargs: Any) -> int:
+    async def enqueue(self, /, **kwargs: Any) -> int:
         """Insert one job; return its id. Raises EnqueueError (nothing inserted), or
         DuplicateJob when an active job holds the ``unique_key`` (the caller's
         transaction stays usable)."""
@@ -91,7 +91,7 @@ class Enqueuer:
         guard = pending.options.unique_key is not None or bool(hooks)
         return await _insert_one(conn, pending, hooks, guard=guard)
 
-    async def enqueue_many(self, items: Iterable[Mapping[str, Any] | Job]) -> list[int]:
+    async def enqueue_many(self, items: Iterable[Mapping[str, Any] | Job], /) -> list[int]:
         """Insert one job per item with COPY; return the ids in item order. Every item
         is validated first: one bad item raises EnqueueError and nothing is inserted."""
         batch = self._batch(items)
@@ -106,7 +106,7 @@ class Enqueuer:
 
     # -- sync -------------------------------------------------------------------------
 
-    def enqueue_sync(self, **kwargs: Any) -> int:
+    def enqueue_sync(self, /, **kwargs: Any) -> int:
         """The sync twin of :meth:`enqueue` (psycopg ``Connection``, SQLAlchemy
         ``Connection``/``Session``): for Django, Flask and scripts."""
         pending = self._pending(kwargs)
@@ -118,7 +118,7 @@ class Enqueuer:
         guard = pending.options.unique_key is not None or bool(hooks)
         return _insert_one_sync(conn, pending, hooks, guard=guard)
 
-    def enqueue_many_sync(self, items: Iterable[Mapping[str, Any] | Job]) -> list[int]:
+    def enqueue_many_sync(self, items: Iterable[Mapping[str, Any] | Job], /) -> list[int]:
         """The sync twin of :meth:`enqueue_many`."""
         batch = self._batch(items)
         if not batch.size:

@@ -352,15 +352,18 @@ class Pending:
 
 def serialize_args(task: Task[Any], kwargs: Mapping[str, Any], where: str = "") -> str:
     """Validate a job's arguments; return the JSON text to store. Raises EnqueueError."""
-    adapter = task.args_adapter
+    # The list adapter of enqueue_many, for one item: the same checks on both paths.
+    adapter = _list_adapter(task)
     try:
-        validated = adapter.validate_python(kwargs)
+        validated = adapter.validate_python([kwargs])
     except pydantic.ValidationError as exc:
-        message, first = _describe_errors(task.name, exc)
-        raise _refuse(where, message, first) from None
+        message, first = _describe_errors(task.name, exc, skip=1)
+        raise _refuse(where, message, first or None) from None
     try:
-        data = adapter.dump_json(validated, exclude_unset=True)
-    except pydantic_core.PydanticSerializationError as exc:
+        data = pydantic_core.to_json(
+            adapter.dump_python(validated, mode="json", exclude_unset=True)[0]
+        )
+    except (pydantic_core.PydanticSerializationError, ValueError) as exc:
         raise _refuse(where, f"task {task.name!r}: arguments are not storable as JSON: {exc}",
                       None) from None
     problem = json_problem(data)
@@ -386,7 +389,13 @@ _list_adapters: weakref.WeakKeyDictionary[Any, pydantic.TypeAdapter[Any]] = (
 def _list_adapter(task: Task[Any]) -> pydantic.TypeAdapter[Any]:
     adapter = _list_adapters.get(task)
     if adapter is None:
-        adapter = pydantic.TypeAdapter(list[task.args_type])  # type: ignore[name-defined]
+        adapter = pydantic.TypeAdapter(
+            list[task.args_type],  # type: ignore[name-defined]
+            # A non-finite float inside an ``Any`` argument is written as a bare NaN or
+            # Infinity, which json_problem finds and refuses (pydantic's default writes
+            # null, silently changing the value).
+            config=pydantic.ConfigDict(ser_json_inf_nan="constants"),
+        )
         _list_adapters[task] = adapter
     return adapter
 
