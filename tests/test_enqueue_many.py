@@ -129,7 +129,9 @@ async def test_hooks_run_in_the_enqueue_transaction(
     assert conn.execute("SELECT count(*) FROM akadze.jobs").fetchone() == (1,)
 
 
-def test_failing_hook_removes_the_job(app: Akadze, database_url: str, conn: Any, hello: Any) -> None:
+def test_failing_hook_removes_the_job(
+    app: Akadze, database_url: str, conn: Any, hello: Any
+) -> None:
     @app.on_enqueue
     def refuse(hook_conn: Any, job: EnqueuedJob) -> None:
         if job.args["name"] == "bad":
