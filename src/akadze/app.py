@@ -181,6 +181,58 @@ class Akadze:
         except KeyError:
             raise UnknownTask(f"no task named {name!r} is registered", field="task") from None
 
+    # -- periodic schedules -------------------------------------------------------
+
+    def periodic(
+        self,
+        name: str,
+        /,
+        *,
+        cron: str | None = None,
+        every: timedelta | float | str | None = None,
+        timezone: str | None = None,
+        overlap: bool = True,
+        grace: timedelta | float | str | None = None,
+        args: dict[str, Any] | None = None,
+        limit_key: str | None = None,
+        meta: dict[str, Any] | None = None,
+        queue: str = "default",
+        max_attempts: int = 3,
+        timeout: float | timedelta | None = None,
+        priority: int = 0,
+        backoff: BackoffFunction | None = None,
+    ) -> Callable[[TaskFunction], Task[Any]]:
+        """Register a task named ``name`` and a schedule of the same name that runs it:
+        ``@app.periodic("nightly", cron="0 3 * * *", timezone="Europe/Berlin")`` or
+        ``every=timedelta(minutes=15)``. See :mod:`akadze.schedules`. Raises
+        ScheduleError (and registers nothing) on a bad schedule."""
+        from . import schedules
+
+        return schedules.periodic(
+            self,
+            name,
+            task_options={"queue": queue, "max_attempts": max_attempts, "timeout": timeout,
+                          "priority": priority, "backoff": backoff},
+            schedule_options={"cron": cron, "every": every, "timezone": timezone,
+                              "overlap": overlap, "grace": grace, "args": args,
+                              "limit_key": limit_key, "meta": meta},
+        )
+
+    def add_schedule(self, name: str, /, **options: Any) -> Any:
+        """Schedule a registered task: ``app.add_schedule("report", task="send_report",
+        cron="0 9 * * 1")``; options as for :meth:`periodic` plus ``queue``,
+        ``priority`` and ``max_attempts`` of the jobs. Returns the Schedule."""
+        from . import schedules
+
+        return schedules.add_schedule(self, name, **options)
+
+    def add_schedules(self, items: Any) -> list[Any]:
+        """Register schedules from configuration: a list of mappings with ``name``,
+        ``task`` and the options of :meth:`add_schedule`. All or nothing."""
+        from . import schedules
+
+        return list(schedules.add_schedules(self, items))
+
     # -- hooks --------------------------------------------------------------------
 
     def on_enqueue(self, fn: F) -> F:
