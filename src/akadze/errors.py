@@ -53,9 +53,13 @@ class ScheduleError(AkadzeError):
 class JobNotFound(AkadzeError):
     """No job with that id."""
 
+    exit_code = 1  # the CLI exits 1 (a failure), not 2 (bad usage)
+
 
 class InvalidJobState(AkadzeError):
     """The job is not in a state that allows the requested operation."""
+
+    exit_code = 1  # the CLI exits 1 (a refused operation), not 2 (bad usage)
 
 
 class EmbeddedServerError(AkadzeError):
