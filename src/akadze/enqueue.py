@@ -26,7 +26,16 @@ from psycopg import pq, sql
 
 from . import queries, sessions
 from .errors import ConfigurationError, DuplicateJob, EnqueueError, UnknownTask
-from .jobspec import Batch, Job, Options, Pending, build_batch, build_options, build_pending
+from .jobspec import (
+    Batch,
+    Job,
+    Options,
+    Pending,
+    build_batch,
+    build_options,
+    build_pending,
+    check_bulk,
+)
 
 if TYPE_CHECKING:
     from .tasks import Task
@@ -94,15 +103,15 @@ class Enqueuer:
     async def enqueue_many(self, items: Iterable[Mapping[str, Any] | Job], /) -> list[int]:
         """Insert one job per item with COPY; return the ids in item order. Every item
         is validated first: one bad item raises EnqueueError and nothing is inserted."""
-        batch = self._batch(items)
-        if not batch.size:
+        listed = self._items(items)
+        if not listed:
             return []
         hooks = _hooks(self.task, sync=False)
         if sessions.is_source(self.session):
             async with sessions.writing(self._source()) as conn:
-                return await _insert_many(conn, batch, hooks, guard=False)
+                return await _insert_many(conn, self, listed, hooks, guard=False)
         conn = await self._joined_async("enqueue_many")
-        return await _insert_many(conn, batch, hooks, guard=True)
+        return await _insert_many(conn, self, listed, hooks, guard=True)
 
     # -- sync -------------------------------------------------------------------------
 
@@ -120,15 +129,15 @@ class Enqueuer:
 
     def enqueue_many_sync(self, items: Iterable[Mapping[str, Any] | Job], /) -> list[int]:
         """The sync twin of :meth:`enqueue_many`."""
-        batch = self._batch(items)
-        if not batch.size:
+        listed = self._items(items)
+        if not listed:
             return []
         hooks = _hooks(self.task, sync=True)
         if sessions.is_source(self.session):
             with sessions.writing_sync(self._source()) as conn:
-                return _insert_many_sync(conn, batch, hooks, guard=False)
+                return _insert_many_sync(conn, self, listed, hooks, guard=False)
         conn = self._joined_sync("enqueue_many_sync")
-        return _insert_many_sync(conn, batch, hooks, guard=True)
+        return _insert_many_sync(conn, self, listed, hooks, guard=True)
 
     # -- shared -----------------------------------------------------------------------
 
@@ -136,8 +145,12 @@ class Enqueuer:
         _check_registered(self.task)
         return build_pending(self.task, self.options, kwargs)
 
-    def _batch(self, items: Iterable[Mapping[str, Any] | Job]) -> Batch:
+    def _items(self, items: Iterable[Mapping[str, Any] | Job]) -> list[Mapping[str, Any] | Job]:
         _check_registered(self.task)
+        check_bulk(self.options, items)
+        return items if isinstance(items, list) else list(items)
+
+    def _batch(self, items: list[Mapping[str, Any] | Job]) -> Batch:
         return build_batch(self.task, self.options, items)
 
     def _source(self) -> Any:
@@ -336,14 +349,29 @@ def _ids(first: int, listed: Sequence[int] | None, count: int) -> list[int]:
     return ids
 
 
+# The savepoint and the id reservation are sent (pipelined) before the items are
+# validated, so that the server draws the ids while Python checks the items; a refused
+# batch rolls back to the savepoint and only leaves a gap in the id sequence. Each
+# COPY chunk is serialized and formatted while the server ingests the previous one.
+
+
 async def _insert_many(
-    conn: psycopg.AsyncConnection[Any], batch: Batch, hooks: list[Hook], *, guard: bool
+    conn: psycopg.AsyncConnection[Any],
+    enqueuer: Enqueuer,
+    items: list[Mapping[str, Any] | Job],
+    hooks: list[Hook],
+    *,
+    guard: bool,
 ) -> list[int]:
-    if guard:
-        await conn.execute(queries.get("savepoint_enqueue"))
+    sent = False
     try:
-        cur = await conn.execute(queries.get("reserve_job_ids"), {"count": batch.size})
-        row = await cur.fetchone()
+        async with conn.pipeline():
+            if guard:
+                await conn.execute(queries.get("savepoint_enqueue"))
+            sent = True
+            cur = await conn.execute(queries.get("reserve_job_ids"), {"count": len(items)})
+            batch = enqueuer._batch(items)
+            row = await cur.fetchone()
         assert row is not None
         now, first, listed = row
         ids = _ids(first, listed, batch.size)
@@ -357,7 +385,7 @@ async def _insert_many(
                     if inspect.isawaitable(result):
                         await result
     except BaseException:
-        if guard:
+        if guard and sent:
             await _rollback_quietly(conn)
         raise
     if guard:
@@ -366,12 +394,22 @@ async def _insert_many(
 
 
 def _insert_many_sync(
-    conn: psycopg.Connection[Any], batch: Batch, hooks: list[Hook], *, guard: bool
+    conn: psycopg.Connection[Any],
+    enqueuer: Enqueuer,
+    items: list[Mapping[str, Any] | Job],
+    hooks: list[Hook],
+    *,
+    guard: bool,
 ) -> list[int]:
-    if guard:
-        conn.execute(queries.get("savepoint_enqueue"))
+    sent = False
     try:
-        row = conn.execute(queries.get("reserve_job_ids"), {"count": batch.size}).fetchone()
+        with conn.pipeline():
+            if guard:
+                conn.execute(queries.get("savepoint_enqueue"))
+            sent = True
+            cur = conn.execute(queries.get("reserve_job_ids"), {"count": len(items)})
+            batch = enqueuer._batch(items)
+            row = cur.fetchone()
         assert row is not None
         now, first, listed = row
         ids = _ids(first, listed, batch.size)
@@ -385,10 +423,9 @@ def _insert_many_sync(
                     if inspect.isawaitable(result):
                         raise _async_result_in_sync(hook, result)
     except BaseException:
-        if guard:
+        if guard and sent:
             _rollback_quietly_sync(conn)
         raise
     if guard:
         conn.execute(queries.get("release_savepoint_enqueue"))
     return ids
-

@@ -409,25 +409,34 @@ def copy_text(value: str) -> str:
 
 @dataclass(slots=True)
 class Batch:
-    """Checked jobs for one bulk insert."""
+    """Checked jobs for one bulk insert.
 
-    task: str
+    The arguments are validated when the batch is built; their JSON text is made
+    chunk by chunk in :meth:`copy_chunks`, while the server ingests the previous
+    chunk. What only serialization can find (a NUL character or a NaN inside an
+    ``Any`` argument) raises EnqueueError from there, and the caller rolls back.
+    """
+
+    task: Task[Any]
     options: Options
-    args: list[str]
+    arg_dicts: list[Any]
+    validated: list[Any]
     # Options of each item, or None when all items share ``options``.
     item_options: list[Options] | None
     columns: tuple[str, ...]
+    # JSON text of each item's arguments, filled by copy_chunks.
+    args: list[str] = field(default_factory=list)
 
     @property
     def size(self) -> int:
-        return len(self.args)
+        return len(self.validated)
 
     def _options_of(self, index: int) -> Options:
         return self.options if self.item_options is None else self.item_options[index]
 
     def _row_parts(self, options: Options, now: datetime) -> tuple[str, str]:
         """The text of a row around its id and args: ``id{head}args{tail}``."""
-        head = f"\t{copy_text(options.queue)}\t{copy_text(self.task)}\t"
+        head = f"\t{copy_text(options.queue)}\t{copy_text(self.task.name)}\t"
         tail = [str(options.priority), str(options.max_attempts)]
         columns = self.columns
         if "run_at" in columns:
@@ -440,16 +449,41 @@ class Batch:
             tail.append(r"\N" if options.expires_at is None else options.expires_at.isoformat())
         return head, "\t" + "\t".join(tail) + "\n"
 
+    def _serialize(self, start: int, stop: int) -> list[str]:
+        adapter = _list_adapter(self.task)
+        try:
+            plain = adapter.dump_python(
+                self.validated[start:stop], mode="json", exclude_unset=True
+            )
+            data = [pydantic_core.to_json(item) for item in plain]
+        except (pydantic_core.PydanticSerializationError, ValueError):
+            self._name_the_item(start, stop)
+            raise  # pragma: no cover - _name_the_item raises
+        # One scan of the chunk; the per-item search runs only when something is found.
+        if json_problem(b"\n".join(data)):
+            for offset, item in enumerate(data):
+                if json_problem(item):
+                    self._name_the_item(start + offset, start + offset + 1)
+        return [item.decode("utf-8") for item in data]
+
+    def _name_the_item(self, start: int, stop: int) -> None:
+        """Raise the EnqueueError of the first item in [start, stop) that cannot be stored."""
+        for index in range(start, stop):
+            serialize_args(self.task, self.arg_dicts[index], where=f"item {index}: ")
+
     def copy_chunks(self, ids: Sequence[int], now: datetime) -> Iterator[str]:
         """The COPY text-format data, in chunks of COPY_CHUNK_ROWS rows."""
         backslash, doubled = "\\", "\\\\"
         shared = self._row_parts(self.options, now)
         parts_by_options: dict[int, tuple[str, str]] = {id(self.options): shared}
+        self.args = []
         for start in range(0, self.size, COPY_CHUNK_ROWS):
-            stop = start + COPY_CHUNK_ROWS
+            stop = min(start + COPY_CHUNK_ROWS, self.size)
+            texts = self._serialize(start, stop)
+            self.args.extend(texts)
             args = [
                 text.replace(backslash, doubled) if backslash in text else text
-                for text in self.args[start:stop]
+                for text in texts
             ]
             if self.item_options is None:
                 head, tail = shared
@@ -466,10 +500,11 @@ class Batch:
             yield "".join(rows)
 
     def enqueued(self, ids: Sequence[int], now: datetime) -> Iterator[EnqueuedJob]:
+        """The inserted jobs (after copy_chunks has run)."""
         for index, (job_id, args) in enumerate(zip(ids, self.args, strict=True)):
             options = self._options_of(index)
             yield EnqueuedJob(
-                id=job_id, queue=options.queue, task=self.task, args=json.loads(args),
+                id=job_id, queue=options.queue, task=self.task.name, args=json.loads(args),
                 priority=options.priority, run_at=options.ready_at(now),
                 max_attempts=options.max_attempts, limit_key=options.limit_key,
                 expires_at=options.expires_at, meta=dict(options.meta),
@@ -502,11 +537,8 @@ def _item_options(task: Task[Any], base: Options, job: Job, index: int) -> Optio
     )
 
 
-def build_batch(
-    task: Task[Any], options: Options, items: Iterable[Mapping[str, Any] | Job]
-) -> Batch:
-    """Check every item (arguments validated in one pydantic call) and serialize the
-    arguments. Raises EnqueueError naming the first bad item."""
+def check_bulk(options: Options, items: object) -> None:
+    """What enqueue_many refuses before looking at any item."""
     if options.unique_key is not None:
         raise EnqueueError(
             "unique_key cannot be used with enqueue_many (one duplicate would abort the "
@@ -519,6 +551,14 @@ def build_batch(
             f"got a single {type(items).__name__}",
             field="items",
         )
+
+
+def build_batch(
+    task: Task[Any], options: Options, items: Iterable[Mapping[str, Any] | Job]
+) -> Batch:
+    """Check every item (arguments validated in one pydantic call). Raises EnqueueError
+    naming the first bad item."""
+    check_bulk(options, items)
     arg_dicts: list[Any] = []
     item_options: list[Options] | None = None
     for index, item in enumerate(items):
@@ -547,32 +587,17 @@ def build_batch(
                 f"{type(item).__name__}",
                 field="items",
             )
-    texts = _serialize_many(task, arg_dicts)
+    validated = _validate_many(task, arg_dicts)
     columns = _columns([options] if item_options is None else [options, *item_options])
-    return Batch(task.name, options, texts, item_options, columns)
+    return Batch(task, options, arg_dicts, validated, item_options, columns)
 
 
-def _serialize_many(task: Task[Any], arg_dicts: list[Any]) -> list[str]:
+def _validate_many(task: Task[Any], arg_dicts: list[Any]) -> list[Any]:
     if not arg_dicts:
         return []
-    adapter = _list_adapter(task)
     try:
-        validated = adapter.validate_python(arg_dicts)
+        return list(_list_adapter(task).validate_python(arg_dicts))
     except pydantic.ValidationError as exc:
         index = exc.errors()[0]["loc"][0]
         message, first = _describe_errors(task.name, exc, skip=1)
         raise EnqueueError(f"item {index}: {message}", field=first or None) from None
-    try:
-        plain = adapter.dump_python(validated, mode="json", exclude_unset=True)
-        data = [pydantic_core.to_json(item) for item in plain]
-    except (pydantic_core.PydanticSerializationError, ValueError):
-        # Find the item to name (slow path, only on error).
-        for index, args in enumerate(arg_dicts):
-            serialize_args(task, args, where=f"item {index}: ")
-        raise  # pragma: no cover - the loop above raises
-    # One scan of everything; the per-item search runs only when something is found.
-    if json_problem(b"\n".join(data)):
-        for index, item in enumerate(data):
-            if json_problem(item):
-                serialize_args(task, arg_dicts[index], where=f"item {index}: ")
-    return [item.decode("utf-8") for item in data]
