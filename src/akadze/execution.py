@@ -239,13 +239,18 @@ class Execution:
         self.counts[finish.kind] += 1
         self._pending.append(finish)
         self._flush_wanted.set()
-        if finish.delay is not None and finish.state.value == "queued":
-            queue = self._queues.get(finish.job.queue)
-            if queue is not None:
-                due = asyncio.get_running_loop().time() + finish.delay
-                heapq.heappush(queue.due, due)
         if run is not None:
             self._log_finish(run, finish.kind, finish, exc)
+
+    def _due_at(self, queue_name: str, when: float) -> None:
+        """A job of ``queue_name`` becomes ready at loop time ``when`` (a retry or a
+        snooze written just now: the row's run_at is no later than that)."""
+        queue = self._queues.get(queue_name)
+        if queue is None:
+            return
+        heapq.heappush(queue.due, when + 0.001)
+        if queue.due[0] == when + 0.001:
+            queue.retimer.set()  # earlier than what the queue's loop waits for
 
     def _extra(self, run: _Run, **more: Any) -> dict[str, Any]:
         job = run.job
@@ -315,8 +320,11 @@ class Execution:
 
     def _report_written(self, batch: list[outcomes.Finish], accepted: set[int],
                         retried: bool) -> None:
+        now = asyncio.get_running_loop().time()
         for finish in batch:
             if finish.job.id in accepted:
+                if finish.delay is not None and finish.state.value == "queued":
+                    self._due_at(finish.job.queue, now + finish.delay)
                 continue
             if retried:
                 # After a failed attempt the first write may have committed: the fence

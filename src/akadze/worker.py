@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import psycopg_pool
 
-from . import backoff, leases, maintenance, outcomes
+from . import backoff, leases, maintenance, outcomes, queries
 from .claim import claim
 from .clock import SystemClock
 from .database import describe, mask_password
@@ -72,6 +72,8 @@ class _Queue:
     freed: asyncio.Event = field(default_factory=asyncio.Event)
     due: list[float] = field(default_factory=list)  # loop times of known future run_at
     last_claim: float = 0.0
+    retimer: asyncio.Event = field(default_factory=asyncio.Event)
+    suspect: bool = False  # a claim failed: its commit may have gone through unseen
 
 
 def _seconds(value: timedelta | float, name: str) -> float:
@@ -453,8 +455,11 @@ class Worker(Execution, LeaseKeeping):
             queue.wake.clear()
             free = self.slots - queue.busy
             try:
+                if queue.suspect:
+                    await self._reconcile(queue)
                 jobs = await self._claim(queue, free)
             except Exception as exc:
+                queue.suspect = True
                 if self._stopping:
                     return
                 delay = backoff.reconnect_delay(self._trouble.failures(where) + 1,
@@ -476,12 +481,52 @@ class Worker(Execution, LeaseKeeping):
                 await asyncio.sleep(0)
                 continue
             # Drained: wait for a notification, the polling timer or a known due time.
-            await self._wait(queue.wake, self._poll_timeout(queue))
+            await self._wait_drained(queue)
             if not self._stopping and queue.wake.is_set():
                 # A notification: let a burst of enqueues land, then claim them together.
                 gap = DEBOUNCE - (loop.time() - queue.last_claim)
                 if gap > 0:
                     await asyncio.sleep(gap)
+
+    async def _reconcile(self, queue: _Queue) -> None:
+        """Give back the jobs a lost claim reply left running for this worker.
+
+        Runs in the queue's own loop, so no claim of this queue is in flight: a job
+        of the queue running for this worker that is neither running here nor
+        waiting for its outcome to be written was claimed unseen."""
+        async with self.async_connection() as conn:
+            cur = await conn.execute(
+                queries.get("worker_running_in_queue"),
+                {"worker_id": self.worker_id, "queue": queue.name},
+            )
+            rows = await cur.fetchall()
+        known = set(self._running) | {finish.job.id for finish in self._pending}
+        for row in rows:
+            job = maintenance._job(row)
+            if job.id not in known:
+                logger.warning(
+                    "job %d: claimed by a claim whose reply was lost; giving it back",
+                    job.id, extra={"job_id": job.id, "queue": queue.name})
+                self._record(None, outcomes.given_back(job))
+        queue.suspect = False
+
+    async def _wait_drained(self, queue: _Queue) -> None:
+        """Wait for a notification, the polling timer, or the earliest known due time
+        (which may move earlier while waiting)."""
+        loop = asyncio.get_running_loop()
+        while not queue.wake.is_set() and not self._stopping:
+            queue.retimer.clear()
+            timeout = self._poll_timeout(queue)
+            began = loop.time()
+            waits = [asyncio.ensure_future(queue.wake.wait()),
+                     asyncio.ensure_future(queue.retimer.wait())]
+            try:
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+            if not queue.retimer.is_set() or loop.time() - began >= timeout:
+                return
 
     def _poll_timeout(self, queue: _Queue) -> float:
         loop = asyncio.get_running_loop()

@@ -141,3 +141,14 @@ WITH flagged AS (
     RETURNING id
 )
 SELECT id, pg_notify('akadze_cancel', id::text) FROM flagged;
+
+-- name: worker_running_in_queue
+-- After a claim failed, what the database says this worker runs in one queue: a
+-- claim whose commit went through while its reply was lost (a killed connection)
+-- left jobs running for this worker that it never started. The worker gives
+-- those back.
+SELECT j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
+       j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
+       j.started_at
+FROM akadze.jobs AS j
+WHERE j.worker_id = %(worker_id)s AND j.state = 'running' AND j.queue = %(queue)s;

@@ -1,0 +1,85 @@
+"""Wake-up: NOTIFY makes an idle worker start a job at once; polling works without it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+from test_worker_support import eventually, insert_job, wait_state
+
+from akadze import Akadze, Worker
+
+
+def listeners(conn: psycopg.Connection[Any]) -> list[int]:
+    return [int(r[0]) for r in conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'akadze-worker-listen'")]
+
+
+async def test_an_idle_worker_starts_a_new_job_on_notification(
+    app: Akadze, conn: psycopg.Connection[Any]
+) -> None:
+    started: list[float] = []
+
+    @app.task("t")
+    async def t() -> None:
+        started.append(time.monotonic())
+
+    # Polling every minute: only the notification can start the job quickly.
+    async with Worker(app, poll_interval=60) as worker:
+        assert worker._listener is not None and worker._listener.listening
+        delays = []
+        for _ in range(5):
+            committed = time.monotonic()
+            job_id = insert_job(conn, "t")
+            await wait_state(conn, job_id, "succeeded", within=5)
+            delays.append(started[-1] - committed)
+    assert max(delays) < 2.0, delays
+
+
+async def test_polling_alone_picks_up_jobs_without_listen(
+    app: Akadze, conn: psycopg.Connection[Any]
+) -> None:
+    @app.task("t")
+    async def t() -> None:
+        return None
+
+    async with Worker(app, listen=False, poll_interval=0.1):
+        assert listeners(conn) == []
+        job_id = insert_job(conn, "t")
+        await wait_state(conn, job_id, "succeeded", within=5)
+
+
+async def test_the_listener_comes_back_after_its_connection_is_killed(
+    app: Akadze, conn: psycopg.Connection[Any]
+) -> None:
+    @app.task("t")
+    async def t() -> None:
+        return None
+
+    async with Worker(app, poll_interval=60) as worker:
+        (old,) = await eventually(lambda: listeners(conn))
+        conn.execute("SELECT pg_terminate_backend(%s)", (old,))
+        await eventually(lambda: (pids := listeners(conn)) and pids != [old]
+                         and worker._listener is not None and worker._listener.listening)
+        job_id = insert_job(conn, "t")
+        await wait_state(conn, job_id, "succeeded", within=5)
+
+
+async def test_a_retry_due_soon_wakes_the_worker_without_polling(
+    app: Akadze, conn: psycopg.Connection[Any]
+) -> None:
+    from akadze import Retry, current
+
+    @app.task("again")
+    async def again() -> None:
+        if current().attempt == 1:
+            raise Retry(delay=0.3)
+
+    job_id = insert_job(conn, "again")
+    async with Worker(app, poll_interval=60, listen=False):
+        row = await wait_state(conn, job_id, "succeeded", within=10)
+    assert row["attempt"] == 2
+    await asyncio.sleep(0)
