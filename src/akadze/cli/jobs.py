@@ -1,10 +1,203 @@
-"""``akadze jobs``: not built yet."""
+"""``akadze jobs list|show|cancel|requeue|retry``: find jobs and act on one."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
 import click
+
+from ..cancellation import request_cancel_sync
+from ..control import requeue_sync, retry_now_sync
+from ..jobs import JobState
+from ..overview import MAX_LIMIT, JobSummary, get_job_sync, list_jobs_sync
+from .options import database_url_option, json_option, print_json, print_table, resolve
+
+STATES = [s.value for s in JobState]
+
+
+def when(value: datetime | None) -> str:
+    """A UTC timestamp to the second, for tables."""
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def took(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    return str(timedelta(seconds=round(seconds)))
+
+
+def parse_meta(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> Any:
+    """``key=value`` (a string) or ``key:=json`` (a number, true, null, ...)."""
+    meta: dict[str, Any] = {}
+    for item in values:
+        equals = item.find("=")
+        if equals > 0 and item[equals - 1] == ":":
+            key, raw = item[: equals - 1], item[equals + 1 :]
+            try:
+                value: Any = json.loads(raw)
+            except ValueError:
+                raise click.BadParameter(f"{item!r}: {raw!r} is not JSON", ctx, param) from None
+        elif "=" in item:
+            key, _, value = item.partition("=")
+        else:
+            raise click.BadParameter(
+                f"{item!r} is not key=value (or key:=json for numbers, booleans)", ctx, param
+            )
+        if not key:
+            raise click.BadParameter(f"{item!r} has an empty key", ctx, param)
+        meta[key] = value
+    return meta or None
+
+
+def _error_line(job: JobSummary) -> str:
+    last = job.last_error
+    if not last:
+        return ""
+    text = f"{last.get('error', '')}: {last.get('message', '')}".strip(": ")
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @click.group("jobs")
 def command() -> None:
-    """(not built yet)"""
+    """Find jobs, show one, cancel, requeue or retry it."""
+
+
+@command.command("list")
+@click.option("--queue", "-q", default=None, help="Only jobs of this queue.")
+@click.option("--state", "-s", "states", multiple=True, type=click.Choice(STATES),
+              help="Only jobs in this state (repeatable).")
+@click.option("--task", "-t", default=None, help="Only jobs of this task.")
+@click.option("--meta", "-m", multiple=True, callback=parse_meta, metavar="KEY=VALUE",
+              help="Only jobs whose meta has KEY=VALUE (a string; KEY:=JSON for other "
+                   "types). Repeatable: all must match.")
+@click.option("--limit", "-n", type=click.IntRange(1, MAX_LIMIT), default=50,
+              show_default=True, help="At most this many jobs, newest first.")
+@json_option
+@database_url_option
+def list_command(queue: str | None, states: tuple[str, ...], task: str | None,
+                 meta: dict[str, Any] | None, limit: int, as_json: bool,
+                 database_url: str | None) -> None:
+    """Jobs matching the filters, newest first."""
+    jobs = list_jobs_sync(resolve(database_url), queue=queue, state=list(states) or None,
+                          task=task, meta=meta, limit=limit)
+    if as_json:
+        print_json([job.to_dict() for job in jobs])
+        return
+    if not jobs:
+        click.echo("no jobs match")
+        return
+    print_table(
+        None,
+        ["id", "queue", "task", "state", "attempt", "run at", "finished", "last error"],
+        [
+            (job.id, job.queue, job.task, job.state.value,
+             f"{job.attempt}/{job.max_attempts}", when(job.run_at), when(job.finished_at),
+             _error_line(job))
+            for job in jobs
+        ],
+    )
+
+
+def _show(job: JobSummary) -> None:
+    def line(label: str, value: Any) -> None:
+        click.echo(f"  {label:<12}{value}")
+
+    click.echo(f"job {job.id}: {job.task} on queue {job.queue}")
+    line("state", f"{job.state.value}" + (" (cancel requested)" if job.cancel_requested
+                                           and job.state == JobState.RUNNING else ""))
+    line("attempt", f"{job.attempt} of {job.max_attempts} (runs so far: {job.run_count})")
+    line("priority", job.priority)
+    if job.limit_key:
+        line("limit key", job.limit_key)
+    if job.unique_key:
+        line("unique key", job.unique_key)
+    if job.meta:
+        line("meta", json.dumps(job.meta, sort_keys=True))
+    if job.worker_id:
+        line("worker", job.worker_id)
+    if job.expires_at:
+        line("expires", when(job.expires_at))
+    click.echo("timings")
+    line("created", when(job.created_at))
+    line("run at", when(job.run_at))
+    line("started", when(job.started_at))
+    line("finished", when(job.finished_at))
+    if job.started_at and job.finished_at and job.finished_at >= job.started_at:
+        line("ran for", took((job.finished_at - job.started_at).total_seconds()))
+    if job.started_at and job.started_at >= job.run_at:
+        line("waited", took((job.started_at - job.run_at).total_seconds()))
+    click.echo("arguments")
+    if not job.args:
+        click.echo("  (none)")
+    for name, value in job.args.items():
+        line(name, json.dumps(value))
+    if job.result is not None:
+        click.echo("result")
+        click.echo("  " + json.dumps(job.result))
+    click.echo(f"history ({len(job.errors)} error{'s' if len(job.errors) != 1 else ''} "
+               "recorded)")
+    events: list[tuple[str, str]] = [(when(job.created_at), "enqueued")]
+    for entry in job.errors:
+        at = entry.get("at")
+        stamp = when(datetime.fromisoformat(at)) if isinstance(at, str) else "-"
+        events.append((stamp, f"attempt {entry.get('attempt', '?')}: "
+                              f"{entry.get('error', 'error')}: {entry.get('message', '')}"))
+        traceback = entry.get("traceback")
+        if traceback:
+            for tb_line in str(traceback).rstrip().splitlines()[-6:]:
+                events.append(("", "    " + tb_line))
+    if job.started_at and job.state == JobState.RUNNING:
+        events.append((when(job.started_at), f"running on {job.worker_id or '?'}"))
+    if job.finished_at:
+        events.append((when(job.finished_at), job.state.value))
+    for stamp, text in events:
+        click.echo(f"  {stamp:<25}{text}")
+
+
+@command.command("show")
+@click.argument("job_id", type=click.IntRange(min=1))
+@json_option
+@database_url_option
+def show_command(job_id: int, as_json: bool, database_url: str | None) -> None:
+    """One job: arguments, errors, timings and history."""
+    job = get_job_sync(resolve(database_url), job_id)
+    if as_json:
+        print_json(job.to_dict())
+        return
+    _show(job)
+
+
+@command.command("cancel")
+@click.argument("job_id", type=click.IntRange(min=1))
+@database_url_option
+def cancel_command(job_id: int, database_url: str | None) -> None:
+    """Cancel a queued job (it never runs) or tell a running job to stop."""
+    done = request_cancel_sync(resolve(database_url), job_id)
+    if not done:
+        click.echo(f"job {job_id} has finished already; nothing to cancel", err=True)
+        raise click.exceptions.Exit(1)
+    click.echo(f"job {job_id}: cancel requested")
+
+
+@command.command("requeue")
+@click.argument("job_id", type=click.IntRange(min=1))
+@database_url_option
+def requeue_command(job_id: int, database_url: str | None) -> None:
+    """Queue a failed or cancelled job again, with a fresh set of attempts."""
+    requeue_sync(resolve(database_url), job_id)
+    click.echo(f"job {job_id} requeued")
+
+
+@command.command("retry")
+@click.argument("job_id", type=click.IntRange(min=1))
+@database_url_option
+def retry_command(job_id: int, database_url: str | None) -> None:
+    """Run a queued job now instead of waiting for its backoff or delay."""
+    moved = retry_now_sync(resolve(database_url), job_id)
+    click.echo(f"job {job_id} is ready now" if moved else f"job {job_id} was ready already")

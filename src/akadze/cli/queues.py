@@ -1,10 +1,60 @@
-"""``akadze queues``: not built yet."""
+"""``akadze queues list|pause|resume``: queue counts, lag, and cluster-wide pauses."""
 
 from __future__ import annotations
 
 import click
 
+from ..control import pause_queue_sync, resume_queue_sync
+from ..jobs import JobState
+from ..overview import queue_snapshot_sync
+from .jobs import took, when
+from .options import database_url_option, json_option, print_json, print_table, resolve
+
 
 @click.group("queues")
 def command() -> None:
-    """(not built yet)"""
+    """List queues with their counts and lag; pause or resume one cluster-wide."""
+
+
+@command.command("list")
+@json_option
+@database_url_option
+def list_command(as_json: bool, database_url: str | None) -> None:
+    """Every queue (with jobs, or paused): jobs per state, oldest-ready lag, paused."""
+    snapshots = queue_snapshot_sync(resolve(database_url))
+    if as_json:
+        print_json([s.to_dict() for s in snapshots])
+        return
+    if not snapshots:
+        click.echo("no queues (no jobs, nothing paused)")
+        return
+    print_table(
+        None,
+        ["queue", "paused", "ready", "scheduled", "running", "succeeded", "failed",
+         "cancelled", "oldest ready lag"],
+        [
+            (s.queue, f"yes (since {when(s.paused_at)})" if s.paused else "no", s.ready,
+             s.scheduled, s.count(JobState.RUNNING), s.count(JobState.SUCCEEDED),
+             s.count(JobState.FAILED), s.count(JobState.CANCELLED),
+             took(s.lag.total_seconds()) if s.lag is not None else "-")
+            for s in snapshots
+        ],
+    )
+
+
+@command.command("pause")
+@click.argument("queue")
+@database_url_option
+def pause_command(queue: str, database_url: str | None) -> None:
+    """Stop every worker from claiming jobs of QUEUE (running jobs finish)."""
+    changed = pause_queue_sync(resolve(database_url), queue)
+    click.echo(f"queue {queue} paused" if changed else f"queue {queue} was paused already")
+
+
+@command.command("resume")
+@click.argument("queue")
+@database_url_option
+def resume_command(queue: str, database_url: str | None) -> None:
+    """Let workers claim jobs of QUEUE again."""
+    changed = resume_queue_sync(resolve(database_url), queue)
+    click.echo(f"queue {queue} resumed" if changed else f"queue {queue} was not paused")

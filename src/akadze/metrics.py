@@ -1,0 +1,166 @@
+"""Prometheus metrics: the state of the cluster in the text exposition format.
+
+Everything is read from the database at scrape time, so any process (the ``akadze
+metrics`` command, a web app) reports the whole cluster, not just itself:
+
+==========================================  =======  ======================================
+metric                                      type     labels
+==========================================  =======  ======================================
+``akadze_jobs``                             gauge    queue, state
+``akadze_queue_ready_jobs``                 gauge    queue (queued, run_at reached)
+``akadze_queue_scheduled_jobs``             gauge    queue (queued, waiting for run_at)
+``akadze_queue_oldest_ready_lag_seconds``   gauge    queue
+``akadze_queue_paused``                     gauge    queue (1 paused, 0 not)
+``akadze_jobs_finished_recent``             gauge    queue, state (last ``window`` seconds)
+``akadze_limit_running_jobs``               gauge    key
+``akadze_limit_max_running``                gauge    key (keys with a concurrency limit)
+``akadze_workers``                          gauge    alive ("true"/"false")
+``akadze_worker_running_jobs``              gauge    worker, host
+==========================================  =======  ======================================
+
+Throughput is a gauge over a sliding window (``window``, 60 s by default) rather than a
+counter: finished jobs are pruned by retention, so a count derived from the table
+would go down. ``rate()`` is not needed: divide by the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from . import queries
+from .jobs import JobState
+from .overview import QueueSnapshot, WorkerSummary, _snapshots, _worker
+from .sessions import reading, reading_sync
+
+__all__ = ["CONTENT_TYPE", "DEFAULT_WINDOW", "exposition", "render", "render_sync"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_WINDOW = 60
+
+
+@dataclass(frozen=True)
+class KeyUsage:
+    key: str
+    running: int
+    max_running: int | None
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{name}="{_escape(value)}"' for name, value in labels.items())
+    return "{" + inner + "}"
+
+
+def _number(value: float) -> str:
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]],
+               kind: str = "gauge") -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            self.lines.append(f"{name}{_labels(labels)} {_number(value)}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def exposition(
+    snapshots: Sequence[QueueSnapshot],
+    finished: Sequence[tuple[str, str, int]],
+    keys: Sequence[KeyUsage],
+    workers: Sequence[WorkerSummary],
+    *,
+    window: int = DEFAULT_WINDOW,
+) -> str:
+    """The exposition text of already-read data (pure)."""
+    out = _Writer()
+    out.family(
+        "akadze_jobs", "Jobs by queue and state.",
+        ((({"queue": s.queue, "state": state.value}), s.count(state))
+         for s in snapshots for state in JobState),
+    )
+    out.family("akadze_queue_ready_jobs", "Queued jobs whose run_at has come.",
+               (({"queue": s.queue}, s.ready) for s in snapshots))
+    out.family("akadze_queue_scheduled_jobs", "Queued jobs waiting for their run_at.",
+               (({"queue": s.queue}, s.scheduled) for s in snapshots))
+    out.family(
+        "akadze_queue_oldest_ready_lag_seconds",
+        "How long the oldest ready job has waited past its run_at (0 when none is ready).",
+        (({"queue": s.queue}, s.lag.total_seconds() if s.lag else 0) for s in snapshots),
+    )
+    out.family("akadze_queue_paused", "1 when the queue is paused cluster-wide.",
+               (({"queue": s.queue}, 1 if s.paused else 0) for s in snapshots))
+    finished_by = {(queue, state): count for queue, state, count in finished}
+    queues = sorted({s.queue for s in snapshots} | {q for q, _ in finished_by})
+    out.family(
+        "akadze_jobs_finished_recent",
+        f"Jobs that finished in the last {window} seconds, by queue and final state.",
+        (({"queue": q, "state": state.value}, finished_by.get((q, state.value), 0))
+         for q in queues for state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)),
+    )
+    out.family("akadze_limit_running_jobs", "Running jobs per limit key.",
+               (({"key": k.key}, k.running) for k in keys))
+    out.family("akadze_limit_max_running", "The concurrency limit of a limit key.",
+               (({"key": k.key}, k.max_running) for k in keys if k.max_running is not None))
+    alive = sum(1 for w in workers if w.alive)
+    out.family("akadze_workers", "Registered workers, by whether their lease holds.",
+               [({"alive": "true"}, alive), ({"alive": "false"}, len(workers) - alive)])
+    out.family("akadze_worker_running_jobs", "Jobs running on each worker.",
+               (({"worker": w.id, "host": w.host}, w.running) for w in workers))
+    return out.text()
+
+
+def _keys(rows: Sequence[Sequence[Any]]) -> list[KeyUsage]:
+    return [KeyUsage(str(r[0]), int(r[1]), None if r[2] is None else int(r[2])) for r in rows]
+
+
+def _finished(rows: Sequence[Sequence[Any]]) -> list[tuple[str, str, int]]:
+    return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+
+async def render(source: Any, *, now: datetime | None = None,
+                 window: int = DEFAULT_WINDOW) -> str:
+    """Read the cluster's state from ``source`` and return the exposition text."""
+    params = {"queue": None, "now": now, "window": window}
+    async with reading(source) as conn:
+        async def rows(name: str) -> list[Any]:
+            return await (await conn.execute(queries.get(name), params)).fetchall()
+
+        snapshots = _snapshots(await rows("queue_state_counts"), await rows("queue_ready"),
+                               await rows("queue_pauses_list"), None)
+        finished = _finished(await rows("metrics_finished_recent"))
+        keys = _keys(await rows("metrics_running_by_key"))
+        workers = [_worker(r) for r in await rows("workers_list")]
+    return exposition(snapshots, finished, keys, workers, window=window)
+
+
+def render_sync(source: Any, *, now: datetime | None = None,
+                window: int = DEFAULT_WINDOW) -> str:
+    """The sync twin of :func:`render`."""
+    params = {"queue": None, "now": now, "window": window}
+    with reading_sync(source) as conn:
+        def rows(name: str) -> list[Any]:
+            return conn.execute(queries.get(name), params).fetchall()
+
+        snapshots = _snapshots(rows("queue_state_counts"), rows("queue_ready"),
+                               rows("queue_pauses_list"), None)
+        finished = _finished(rows("metrics_finished_recent"))
+        keys = _keys(rows("metrics_running_by_key"))
+        workers = [_worker(r) for r in rows("workers_list")]
+    return exposition(snapshots, finished, keys, workers, window=window)

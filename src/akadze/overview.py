@@ -1,0 +1,369 @@
+"""Reading the state of the cluster: jobs, queues and workers.
+
+Every function takes a *source* (see :mod:`akadze.sessions`): the app, a SQLAlchemy
+``AsyncEngine`` such as ``app.engine`` (what akadze 0.5 accepted), a psycopg
+connection or pool, a URL, or a session. The async functions have ``_sync`` twins
+for sync sources (``Engine``, ``Connection``, ``ConnectionPool``, the app, a URL).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, overload
+
+from . import queries
+from .errors import AkadzeError, JobNotFound
+from .jobs import JobState
+from .sessions import reading, reading_sync
+
+__all__ = [
+    "JobSummary",
+    "QueueSnapshot",
+    "StateCount",
+    "WorkerSummary",
+    "get_job",
+    "get_job_sync",
+    "list_jobs",
+    "list_jobs_sync",
+    "list_workers",
+    "list_workers_sync",
+    "queue_snapshot",
+    "queue_snapshot_sync",
+]
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 10_000
+
+
+class FilterError(AkadzeError):
+    """A filter of list_jobs was refused."""
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """A job as stored: its identity, state, options, timings and history."""
+
+    id: int
+    queue: str
+    task: str
+    state: JobState
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_count: int
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    limit_key: str | None
+    unique_key: str | None
+    meta: dict[str, Any]
+    args: dict[str, Any]
+    errors: list[dict[str, Any]]
+    result: Any
+    worker_id: str | None
+    cancel_requested: bool
+    expires_at: datetime | None
+
+    @property
+    def last_error(self) -> dict[str, Any] | None:
+        return self.errors[-1] if self.errors else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (datetimes as ISO 8601 strings)."""
+        out: dict[str, Any] = {}
+        for key, value in self.__dict__.items():
+            if isinstance(value, datetime):
+                out[key] = value.isoformat()
+            elif isinstance(value, JobState):
+                out[key] = value.value
+            else:
+                out[key] = value
+        return out
+
+
+@dataclass(frozen=True)
+class StateCount:
+    """How many jobs of a queue are in one state."""
+
+    state: JobState
+    count: int
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    """One queue at one moment.
+
+    ``ready``: queued jobs whose run_at has come; ``scheduled``: queued jobs waiting
+    for their run_at (a delay or a retry backoff); ``lag``: how long the oldest
+    ready job has waited past its run_at (None when nothing is ready); ``busy``:
+    running jobs.
+    """
+
+    queue: str
+    counts: tuple[StateCount, ...] = ()
+    ready: int = 0
+    scheduled: int = 0
+    lag: timedelta | None = None
+    paused: bool = False
+    paused_at: datetime | None = None
+
+    def count(self, state: JobState | str) -> int:
+        wanted = JobState(state)
+        return sum(c.count for c in self.counts if c.state == wanted)
+
+    @property
+    def busy(self) -> int:
+        return self.count(JobState.RUNNING)
+
+    @property
+    def total(self) -> int:
+        return sum(c.count for c in self.counts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "counts": {s.value: self.count(s) for s in JobState},
+            "ready": self.ready,
+            "scheduled": self.scheduled,
+            "lag_seconds": None if self.lag is None else self.lag.total_seconds(),
+            "paused": self.paused,
+            "paused_at": None if self.paused_at is None else self.paused_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
+class WorkerSummary:
+    """A registered worker: where it runs, what it serves, whether its lease holds."""
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    started_at: datetime
+    heartbeat_at: datetime
+    lease: timedelta
+    alive: bool
+    running: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "host": self.host,
+            "pid": self.pid,
+            "queues": list(self.queues),
+            "started_at": self.started_at.isoformat(),
+            "heartbeat_at": self.heartbeat_at.isoformat(),
+            "lease_seconds": self.lease.total_seconds(),
+            "alive": self.alive,
+            "running": self.running,
+        }
+
+
+# -- pure helpers -----------------------------------------------------------------------
+
+
+def _job(row: Sequence[Any]) -> JobSummary:
+    return JobSummary(
+        id=int(row[0]), queue=row[1], task=row[2], state=JobState(row[3]), priority=row[4],
+        attempt=row[5], max_attempts=row[6], run_count=row[7], run_at=row[8],
+        created_at=row[9], started_at=row[10], finished_at=row[11], limit_key=row[12],
+        unique_key=row[13], meta=row[14] or {}, args=row[15] or {}, errors=list(row[16] or []),
+        result=row[17], worker_id=row[18], cancel_requested=bool(row[19]), expires_at=row[20],
+    )
+
+
+def _states(state: JobState | str | Sequence[JobState | str] | None) -> list[str] | None:
+    if state is None:
+        return None
+    items = [state] if isinstance(state, str) else list(state)
+    out = []
+    for item in items:
+        try:
+            out.append(JobState(item).value)
+        except ValueError:
+            known = ", ".join(s.value for s in JobState)
+            raise FilterError(f"unknown job state {item!r} (known: {known})") from None
+    return out
+
+
+def _list_params(
+    queue: str | None,
+    state: JobState | str | Sequence[JobState | str] | None,
+    task: str | None,
+    meta: Mapping[str, Any] | None,
+    limit: int,
+) -> tuple[str, dict[str, Any]]:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise FilterError(f"limit must be between 1 and {MAX_LIMIT}, got {limit!r}")
+    if meta is not None and not isinstance(meta, Mapping):
+        raise FilterError(f"meta must be a mapping, got {type(meta).__name__}")
+    params = {"queue": queue, "states": _states(state), "task": task, "limit": limit}
+    if meta:
+        try:
+            params["meta"] = json.dumps(dict(meta), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise FilterError(f"meta filter is not JSON: {exc}") from None
+        return "jobs_list_meta", params
+    return "jobs_list", params
+
+
+def _check_id(job_id: object) -> int:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+        raise FilterError(f"job id must be a positive integer, got {job_id!r}")
+    return job_id
+
+
+def _snapshots(
+    counts: Sequence[Sequence[Any]],
+    ready: Sequence[Sequence[Any]],
+    pauses: Sequence[Sequence[Any]],
+    only: str | None,
+) -> list[QueueSnapshot]:
+    per_queue: dict[str, list[StateCount]] = {}
+    for queue, state, count in counts:
+        per_queue.setdefault(queue, []).append(StateCount(JobState(state), int(count)))
+    ready_by = {row[0]: (int(row[1]), int(row[2]), row[3]) for row in ready}
+    paused = {row[0]: row[1] for row in pauses}
+    names = sorted(set(per_queue) | set(paused) | ({only} if only else set()))
+    return [
+        QueueSnapshot(
+            queue=name,
+            counts=tuple(per_queue.get(name, ())),
+            ready=ready_by.get(name, (0, 0, None))[0],
+            scheduled=ready_by.get(name, (0, 0, None))[1],
+            lag=ready_by.get(name, (0, 0, None))[2],
+            paused=name in paused,
+            paused_at=paused.get(name),
+        )
+        for name in names
+    ]
+
+
+def _worker(row: Sequence[Any]) -> WorkerSummary:
+    return WorkerSummary(
+        id=row[0], host=row[1], pid=int(row[2]), queues=tuple(row[3] or ()),
+        started_at=row[4], heartbeat_at=row[5], lease=timedelta(seconds=float(row[6])),
+        alive=bool(row[7]), running=int(row[8]),
+    )
+
+
+# -- async ------------------------------------------------------------------------------
+
+
+async def list_jobs(
+    source: Any,
+    *,
+    queue: str | None = None,
+    state: JobState | str | Sequence[JobState | str] | None = None,
+    task: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> list[JobSummary]:
+    """Jobs matching every given filter, newest first. ``meta`` matches jobs whose meta
+    contains it (``{"tenant": "acme"}``), on the GIN index."""
+    name, params = _list_params(queue, state, task, meta, limit)
+    async with reading(source) as conn:
+        cur = await conn.execute(queries.get(name), params)
+        return [_job(row) for row in await cur.fetchall()]
+
+
+async def get_job(source: Any, job_id: int) -> JobSummary:
+    """The job ``job_id`` with its arguments, errors and timings; JobNotFound if none."""
+    job_id = _check_id(job_id)
+    async with reading(source) as conn:
+        cur = await conn.execute(queries.get("job_get"), {"id": job_id})
+        row = await cur.fetchone()
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return _job(row)
+
+
+@overload
+async def queue_snapshot(source: Any, queue: None = None, *,
+                         now: datetime | None = None) -> list[QueueSnapshot]: ...
+@overload
+async def queue_snapshot(source: Any, queue: str, *,
+                         now: datetime | None = None) -> QueueSnapshot: ...
+
+
+async def queue_snapshot(
+    source: Any, queue: str | None = None, *, now: datetime | None = None
+) -> list[QueueSnapshot] | QueueSnapshot:
+    """Counts per state, ready/scheduled, oldest-ready lag and paused flag: of every
+    queue (a list, by name), or of ``queue`` (one snapshot, empty if it has no jobs)."""
+    params = {"queue": queue, "now": now}
+    async with reading(source) as conn:
+        counts = await (await conn.execute(queries.get("queue_state_counts"), params)).fetchall()
+        ready = await (await conn.execute(queries.get("queue_ready"), params)).fetchall()
+        pauses = await (await conn.execute(queries.get("queue_pauses_list"), params)).fetchall()
+    snapshots = _snapshots(counts, ready, pauses, queue)
+    return snapshots if queue is None else snapshots[0]
+
+
+async def list_workers(source: Any, *, now: datetime | None = None) -> list[WorkerSummary]:
+    """Registered workers with their running jobs; ``alive`` is False for a worker whose
+    heartbeat is older than its lease (its jobs will be rescued)."""
+    async with reading(source) as conn:
+        cur = await conn.execute(queries.get("workers_list"), {"now": now})
+        return [_worker(row) for row in await cur.fetchall()]
+
+
+# -- sync -------------------------------------------------------------------------------
+
+
+def list_jobs_sync(
+    source: Any,
+    *,
+    queue: str | None = None,
+    state: JobState | str | Sequence[JobState | str] | None = None,
+    task: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+    limit: int = DEFAULT_LIMIT,
+) -> list[JobSummary]:
+    """The sync twin of :func:`list_jobs`."""
+    name, params = _list_params(queue, state, task, meta, limit)
+    with reading_sync(source) as conn:
+        return [_job(row) for row in conn.execute(queries.get(name), params).fetchall()]
+
+
+def get_job_sync(source: Any, job_id: int) -> JobSummary:
+    """The sync twin of :func:`get_job`."""
+    job_id = _check_id(job_id)
+    with reading_sync(source) as conn:
+        row = conn.execute(queries.get("job_get"), {"id": job_id}).fetchone()
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return _job(row)
+
+
+@overload
+def queue_snapshot_sync(source: Any, queue: None = None, *,
+                        now: datetime | None = None) -> list[QueueSnapshot]: ...
+@overload
+def queue_snapshot_sync(source: Any, queue: str, *,
+                        now: datetime | None = None) -> QueueSnapshot: ...
+
+
+def queue_snapshot_sync(
+    source: Any, queue: str | None = None, *, now: datetime | None = None
+) -> list[QueueSnapshot] | QueueSnapshot:
+    """The sync twin of :func:`queue_snapshot`."""
+    params = {"queue": queue, "now": now}
+    with reading_sync(source) as conn:
+        counts = conn.execute(queries.get("queue_state_counts"), params).fetchall()
+        ready = conn.execute(queries.get("queue_ready"), params).fetchall()
+        pauses = conn.execute(queries.get("queue_pauses_list"), params).fetchall()
+    snapshots = _snapshots(counts, ready, pauses, queue)
+    return snapshots if queue is None else snapshots[0]
+
+
+def list_workers_sync(source: Any, *, now: datetime | None = None) -> list[WorkerSummary]:
+    """The sync twin of :func:`list_workers`."""
+    with reading_sync(source) as conn:
+        rows = conn.execute(queries.get("workers_list"), {"now": now}).fetchall()
+    return [_worker(row) for row in rows]
+

@@ -1,0 +1,186 @@
+-- Queries of the operations surface (akadze.control, akadze.overview,
+-- akadze.retention, akadze.metrics). %(now)s is the injectable clock: NULL means
+-- the database's now().
+
+-- name: queue_pause
+-- A row in queue_pauses pauses the queue for every worker: the claim reads it
+-- and takes nothing. Running jobs are not touched and finish normally.
+INSERT INTO akadze.queue_pauses (queue, paused_at)
+VALUES (%(queue)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue;
+
+-- name: queue_resume
+DELETE FROM akadze.queue_pauses WHERE queue = %(queue)s RETURNING queue;
+
+-- name: job_lock
+-- The job an operator acts on, locked so that a claim or an outcome cannot
+-- change it between the check of its state and the update.
+SELECT j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
+       j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
+       j.started_at, j.state
+FROM akadze.jobs AS j
+WHERE j.id = %(id)s
+FOR UPDATE;
+
+-- name: job_requeue
+-- failed/cancelled -> queued, with a fresh set of attempts (attempt = 0) and the
+-- same max_attempts. The errors array is kept: it is the job's history. run_count
+-- is never reset: it is the fencing token, and a stale finish from a run before
+-- the requeue must still be refused.
+UPDATE akadze.jobs
+SET state = 'queued',
+    attempt = 0,
+    run_at = coalesce(%(now)s::timestamptz, now()),
+    cancel_requested = false,
+    worker_id = NULL,
+    started_at = NULL,
+    finished_at = NULL,
+    result = NULL
+WHERE id = %(id)s AND state IN ('failed', 'cancelled')
+RETURNING id, queue, task, args, priority, run_at, limit_key, run_count, attempt,
+          max_attempts, meta, unique_key, expires_at, worker_id, started_at, state;
+
+-- name: job_retry_now
+-- A queued job waiting for its run_at (a retry backoff, a delay) becomes ready now.
+UPDATE akadze.jobs
+SET run_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(id)s AND state = 'queued' AND run_at > coalesce(%(now)s::timestamptz, now())
+RETURNING id;
+
+-- name: job_get
+SELECT id, queue, task, state, priority, attempt, max_attempts, run_count, run_at,
+       created_at, started_at, finished_at, limit_key, unique_key, meta, args, errors,
+       result, worker_id, cancel_requested, expires_at
+FROM akadze.jobs
+WHERE id = %(id)s;
+
+-- name: jobs_list
+-- Newest first. Unset filters are NULL; psycopg sends the values with each
+-- execution, so the planner folds the NULL tests away and uses the indexes that
+-- the remaining predicates allow.
+SELECT id, queue, task, state, priority, attempt, max_attempts, run_count, run_at,
+       created_at, started_at, finished_at, limit_key, unique_key, meta, args, errors,
+       result, worker_id, cancel_requested, expires_at
+FROM akadze.jobs
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(states)s::akadze.job_state[] IS NULL OR state = ANY(%(states)s::akadze.job_state[]))
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: jobs_list_meta
+-- The same with a meta filter. jobs_meta_idx is partial (meta <> '{}'), so the
+-- predicate is repeated here for the planner to use it: a non-empty containment
+-- filter can only match a non-empty meta anyway.
+SELECT id, queue, task, state, priority, attempt, max_attempts, run_count, run_at,
+       created_at, started_at, finished_at, limit_key, unique_key, meta, args, errors,
+       result, worker_id, cancel_requested, expires_at
+FROM akadze.jobs
+WHERE meta <> '{}'::jsonb
+  AND meta @> %(meta)s::jsonb
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(states)s::akadze.job_state[] IS NULL OR state = ANY(%(states)s::akadze.job_state[]))
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: queue_state_counts
+-- Jobs per queue and state. Counting finished jobs reads the whole table (they
+-- are most of it); retention keeps it bounded.
+SELECT queue, state::text, count(*)
+FROM akadze.jobs
+WHERE %(queue)s::text IS NULL OR queue = %(queue)s::text
+GROUP BY queue, state
+ORDER BY queue, state;
+
+-- name: queue_ready
+-- Queued jobs per queue split into ready (run_at reached) and scheduled, and the
+-- lag of the oldest ready job: how long it has been waiting past its run_at.
+-- Reads the partial indexes of queued rows only.
+SELECT queue,
+       count(*) FILTER (WHERE run_at <= coalesce(%(now)s::timestamptz, now())) AS ready,
+       count(*) FILTER (WHERE run_at > coalesce(%(now)s::timestamptz, now())) AS scheduled,
+       coalesce(%(now)s::timestamptz, now())
+           - min(run_at) FILTER (WHERE run_at <= coalesce(%(now)s::timestamptz, now())) AS lag
+FROM akadze.jobs
+WHERE state = 'queued' AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+GROUP BY queue;
+
+-- name: queue_pauses_list
+SELECT queue, paused_at FROM akadze.queue_pauses
+WHERE %(queue)s::text IS NULL OR queue = %(queue)s::text;
+
+-- name: workers_list
+-- Live and presumed-dead workers (heartbeat older than the lease) with the jobs
+-- they run, counted on the small partial index of running rows.
+SELECT w.id, w.host, w.pid, w.queues, w.started_at, w.heartbeat_at,
+       extract(epoch FROM w.lease)::float8,
+       w.heartbeat_at + w.lease >= coalesce(%(now)s::timestamptz, now()) AS alive,
+       (SELECT count(*) FROM akadze.jobs AS j
+        WHERE j.state = 'running' AND j.worker_id = w.id) AS running
+FROM akadze.workers AS w
+ORDER BY w.host, w.pid, w.id;
+
+-- name: retention_try_lock
+-- One pruner at a time across the cluster: a session-level advisory lock taken
+-- without waiting ("akadzert" as a 64-bit number); each batch below commits on
+-- its own while the lock is held.
+SELECT pg_try_advisory_lock(7019811528365142644);
+
+-- name: retention_unlock
+SELECT pg_advisory_unlock(7019811528365142644);
+
+-- name: retention_prune_batch
+-- One bounded batch: the oldest finished jobs past their retention, found on
+-- jobs_finished_idx (finished_at order, finished rows only). Failed jobs have a
+-- retention of their own (kept longer, for inspection). SKIP LOCKED: a row an
+-- operator is requeueing right now is left for the next round.
+WITH doomed AS (
+    SELECT id FROM akadze.jobs
+    WHERE state IN ('succeeded', 'failed', 'cancelled')
+      AND finished_at < %(cutoff)s
+      AND (state <> 'failed' OR finished_at < %(failed_cutoff)s)
+    ORDER BY finished_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM akadze.jobs AS j USING doomed WHERE j.id = doomed.id;
+
+-- name: retention_prune_fires
+-- Fire records are only needed while a fire could still be enqueued (its grace)
+-- and, for overlap=False, while their job is active. Bounded like the jobs.
+WITH doomed AS (
+    SELECT f.schedule, f.fire_at FROM akadze.periodic_fires AS f
+    WHERE f.fire_at < %(cutoff)s
+      AND NOT EXISTS (SELECT 1 FROM akadze.jobs AS j
+                      WHERE j.id = f.job_id AND j.state IN ('queued', 'running'))
+    LIMIT %(batch)s
+)
+DELETE FROM akadze.periodic_fires AS f USING doomed
+WHERE f.schedule = doomed.schedule AND f.fire_at = doomed.fire_at;
+
+-- name: metrics_finished_recent
+-- Throughput: jobs that finished in the last %(window)s seconds, per queue and
+-- state (jobs_finished_idx: a range scan on finished_at).
+SELECT queue, state::text, count(*)
+FROM akadze.jobs
+WHERE state IN ('succeeded', 'failed', 'cancelled')
+  AND finished_at >= coalesce(%(now)s::timestamptz, now()) - %(window)s * interval '1 second'
+GROUP BY queue, state;
+
+-- name: metrics_running_by_key
+-- Running jobs per limit key, with the key's concurrency limit when it has one.
+SELECT r.limit_key, r.running, l.max_running
+FROM (
+    SELECT limit_key, count(*) AS running FROM akadze.jobs
+    WHERE state = 'running' AND limit_key IS NOT NULL
+    GROUP BY limit_key
+) AS r
+LEFT JOIN akadze.limits AS l ON l.key = r.limit_key
+UNION ALL
+SELECT l.key, 0, l.max_running FROM akadze.limits AS l
+WHERE l.max_running IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM akadze.jobs AS j
+                  WHERE j.state = 'running' AND j.limit_key = l.key)
+ORDER BY 1;
