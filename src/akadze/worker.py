@@ -92,6 +92,8 @@ class Worker(Execution, LeaseKeeping):
     giving them back. ``poll_interval``: the polling period (jittered) that backs
     up notifications. ``listen=False`` turns LISTEN/NOTIFY off (PgBouncer in
     transaction pooling mode). ``clock``: inject database time (tests).
+    ``durable_claims=True`` makes each claim wait for its WAL flush (by default claims
+    commit asynchronously, outcomes durably; see docs/explanation/job-states.md).
 
     ``await worker.run()`` runs until :meth:`stop`; ``async with Worker(...)``
     runs it in the background and stops it cleanly on exit.
@@ -114,6 +116,7 @@ class Worker(Execution, LeaseKeeping):
         tasks: Collection[str] | None = None,
         maintenance: bool = True,
         pool_size: int | None = None,
+        durable_claims: bool = False,
     ) -> None:
         from .app import Akadze
 
@@ -152,7 +155,8 @@ class Worker(Execution, LeaseKeeping):
         self._url = database_url or app.database_url
         self._task_names = names
         self._maintenance = maintenance
-        self._pool_size = pool_size or (len(queues) + 3 + 4)
+        self._pool_size = pool_size or 3 + 4
+        self._durable_claims = bool(durable_claims)
         #: Finished runs by kind (succeeded, retried, snoozed, failed, cancelled, given_back),
         #: plus "lost" for outcomes that fencing discarded.
         self.counts: Counter[str] = Counter()
@@ -177,6 +181,7 @@ class Worker(Execution, LeaseKeeping):
         self._trouble = Trouble(logger)
         self._max_pending = max(2 * slots * len(queues), 1_000)
         self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
+        self._claim_pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
         self._sync_pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._sync_pool_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
@@ -353,6 +358,21 @@ class Worker(Execution, LeaseKeeping):
             name="akadze-worker",
         )
         await self._pool.open(wait=False)
+        # Claims have connections of their own. Unless durable_claims is set, their
+        # commits do not wait for the WAL flush (synchronous_commit off, these
+        # connections only): a claim is on disk with the next durable commit (the
+        # job's outcome, at the latest), and a server crash can only undo a claim whose
+        # outcome was not durable yet, so the job runs again, as after any crash
+        # during a run. Delivery stays at least once; pick-up does not wait for fsync.
+        claim_kwargs: dict[str, Any] = {"autocommit": True, "application_name": "akadze-worker"}
+        if not self._durable_claims:
+            claim_kwargs["options"] = "-c synchronous_commit=off"
+        self._claim_pool = psycopg_pool.AsyncConnectionPool(
+            self._url, min_size=1, max_size=len(self.queues) + 1, open=False, timeout=5.0,
+            check=psycopg_pool.AsyncConnectionPool.check_connection,
+            kwargs=claim_kwargs, name="akadze-worker-claims",
+        )
+        await self._claim_pool.open(wait=False)
         if any(not self.app.tasks[name].is_async for name in self._task_names):
             self._executor = ThreadPoolExecutor(
                 max_workers=self.slots * len(self.queues), thread_name_prefix="akadze-task"
@@ -373,8 +393,9 @@ class Worker(Execution, LeaseKeeping):
             self._fence_timer.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
-        if self._pool is not None:
-            await self._pool.close()
+        for pool in (self._claim_pool, self._pool):
+            if pool is not None:
+                await pool.close()
         if self._sync_pool is not None:
             await asyncio.to_thread(self._sync_pool.close)
 
@@ -427,7 +448,9 @@ class Worker(Execution, LeaseKeeping):
     # -- claiming ------------------------------------------------------------------------
 
     async def _claim(self, queue: _Queue, free: int) -> list[ClaimedJob]:
-        async with self.async_connection() as conn:
+        if self._claim_pool is None:
+            raise WorkerError("the worker is not running")
+        async with self._claim_pool.connection() as conn:
             return await claim(
                 conn, queue=queue.name, slots=free, fair=self.fair, worker_id=self.worker_id,
                 tasks=self._task_names, app=self.app, now=self.sql_now(),

@@ -1,10 +1,215 @@
-"""``akadze bench throughput`` (not built yet)."""
+"""``akadze bench throughput``: how fast one worker process runs jobs, and how soon it
+starts a new one.
+
+Throughput: a backlog of ``--jobs`` no-op jobs is committed in one statement while a
+worker (this process, ``--slots`` slots on one queue) sits idle; the clock runs from
+that commit until the last outcome is written. Reported as jobs per second.
+
+Pick-up latency: ``--samples`` single enqueues, each committed on its own from a
+separate thread while the worker is idle, each waited for before the next; the
+latency is the time from the commit's return (and from just before the commit was
+sent) to the start of the task, both read from the same clock in this process.
+
+Runs in a scratch database created (and dropped) on the server of the URL.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import click
+import psycopg
+
+from ..app import Akadze
+from ..cli.options import database_url_option, print_table, resolve
+from ..database import connect, describe
+from ..worker import Worker
+from .claims import host_details, scratch_database
+
+Conn = psycopg.Connection[Any]
+
+TASK = "bench.noop"
+
+
+@dataclass
+class Throughput:
+    jobs: int
+    slots: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class Latency:
+    after_commit: list[float]  # seconds, commit returned -> task started
+    before_commit: list[float]  # seconds, commit sent -> task started
+
+    @staticmethod
+    def _pct(values: Sequence[float], share: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+    def row(self, values: Sequence[float], label: str) -> tuple[str, ...]:
+        return (label, str(len(values)), f"{statistics.median(values) * 1000:.2f}",
+                f"{self._pct(values, 0.99) * 1000:.2f}", f"{max(values) * 1000:.2f}")
+
+
+class _Bench:
+    """The app and the signals between the task and the bench."""
+
+    def __init__(self, url: str) -> None:
+        self.app = Akadze(url)
+        self.target = 0
+        self.done = 0
+        self.finished = asyncio.Event()
+        self.started_at: float = 0.0
+        self.started = threading.Event()
+
+        @self.app.task(TASK)
+        async def noop() -> None:
+            self.done += 1
+            if self.done == self.target:
+                self.finished.set()
+            self.started_at = time.perf_counter()
+            self.started.set()
+
+
+def _reset(conn: Conn) -> None:
+    conn.execute("TRUNCATE akadze.jobs, akadze.workers")
+
+
+async def _wait_written(worker: Worker) -> None:
+    while worker._pending or worker.running:
+        await asyncio.sleep(0.001)
+
+
+async def measure_throughput(url: str, jobs: int, slots: int) -> Throughput:
+    bench = _Bench(url)
+    bench.target = jobs
+    with connect(url) as conn:
+        _reset(conn)
+        conn.execute("VACUUM ANALYZE akadze.jobs")
+        async with Worker(bench.app, slots=slots, poll_interval=1.0, lease=60) as worker:
+            began = time.perf_counter()
+            await asyncio.to_thread(
+                conn.execute,
+                "INSERT INTO akadze.jobs (queue, task) "
+                "SELECT 'default', %s FROM generate_series(1, %s)", (TASK, jobs))
+            await asyncio.wait_for(bench.finished.wait(), timeout=max(60, jobs / 100))
+            await _wait_written(worker)
+            seconds = time.perf_counter() - began
+        row = conn.execute("SELECT count(*) FROM akadze.jobs WHERE state = 'succeeded'"
+                           ).fetchone()
+    if not row or int(row[0]) != jobs:
+        raise click.ClickException(f"expected {jobs} succeeded jobs, found {row}")
+    return Throughput(jobs, slots, seconds)
+
+
+def _enqueue_one(conn: Conn, bench: _Bench) -> tuple[float, float]:
+    task = bench.app.tasks[TASK]
+    bench.started.clear()
+    with conn.transaction():
+        task.using(session=conn).enqueue_sync()
+        before = time.perf_counter()
+    after = time.perf_counter()
+    if not bench.started.wait(10):
+        raise click.ClickException("a job was not picked up within 10 s")
+    return bench.started_at - after, bench.started_at - before
+
+
+async def measure_latency(url: str, samples: int, slots: int) -> Latency:
+    bench = _Bench(url)
+    bench.target = -1
+    after: list[float] = []
+    before: list[float] = []
+    with connect(url) as admin:
+        _reset(admin)
+    with psycopg.connect(url) as conn:
+        async with Worker(bench.app, slots=slots, poll_interval=1.0, lease=60) as worker:
+            for number in range(samples + 5):
+                a, b = await asyncio.to_thread(_enqueue_one, conn, bench)
+                await _wait_written(worker)
+                if number >= 5:  # the first few warm up connections and plans
+                    after.append(a)
+                    before.append(b)
+    return Latency(after, before)
+
+
+def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput],
+                 latency: Latency | None) -> None:
+    lines = [
+        "# Worker throughput and pick-up latency",
+        "",
+        "Measured with `akadze bench throughput` (one worker process, asyncio, no-op async "
+        "task, one queue; outcomes written in batches; LISTEN/NOTIFY on).",
+        "",
+        "Host: " + "; ".join(f"{k} {v}" for k, v in host.items()) + ".",
+        "",
+        "## Throughput",
+        "",
+        "| backlog | slots | seconds | jobs/s |",
+        "|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(f"| {r.jobs:,} | {r.slots} | {r.seconds:.2f} | {r.rate:,.0f} |")
+    if latency is not None:
+        lines += [
+            "",
+            "## Pick-up latency (idle worker, single enqueues)",
+            "",
+            "| measured from | samples | p50 ms | p99 ms | max ms |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for label, values in (("commit returned", latency.after_commit),
+                              ("commit sent", latency.before_commit)):
+            lines.append("| " + " | ".join(latency.row(values, label)) + " |")
+    path.write_text("\n".join(lines) + "\n")
 
 
 @click.command("throughput")
-def command() -> None:
-    """(not built yet)"""
+@click.option("--jobs", "sizes", multiple=True, type=click.IntRange(1),
+              help="Backlog sizes to run (repeatable; default: 10000 and 100000).")
+@click.option("--slots", type=click.IntRange(1), default=500, show_default=True,
+              help="Worker slots on the queue (jobs claimed per claim at most).")
+@click.option("--samples", type=click.IntRange(0), default=200, show_default=True,
+              help="Single enqueues for the pick-up latency (0 skips it).")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a Markdown report here.")
+@database_url_option
+def command(sizes: tuple[int, ...], slots: int, samples: int, report: Path | None,
+            database_url: str | None) -> None:
+    """Jobs per second of one worker process, and enqueue-to-start latency."""
+    url = resolve(database_url)
+    sizes = sizes or (10_000, 100_000)
+    click.echo(f"benching on {describe(url)}")
+    results: list[Throughput] = []
+    latency: Latency | None = None
+    with scratch_database(url, False) as scratch:
+        with connect(scratch) as conn:
+            host = host_details(conn)
+        for size in sizes:
+            result = asyncio.run(measure_throughput(scratch, size, slots))
+            click.echo(f"{size} jobs: {result.seconds:.2f} s, {result.rate:,.0f} jobs/s")
+            results.append(result)
+        if samples:
+            latency = asyncio.run(measure_latency(scratch, samples, slots))
+    print_table("throughput", ["backlog", "slots", "seconds", "jobs/s"],
+                [(f"{r.jobs:,}", str(r.slots), f"{r.seconds:.2f}", f"{r.rate:,.0f}")
+                 for r in results])
+    if latency is not None:
+        print_table("pick-up latency", ["from", "samples", "p50 ms", "p99 ms", "max ms"],
+                    [latency.row(latency.after_commit, "commit returned"),
+                     latency.row(latency.before_commit, "commit sent")])
+    if report is not None:
+        write_report(report, host, results, latency)
+        click.echo(f"report written to {report}")

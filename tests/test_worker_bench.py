@@ -1,0 +1,18 @@
+"""Smoke test of ``akadze bench throughput`` with tiny sizes (figures are not checked)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from akadze.cli import main
+
+
+def test_bench_throughput_runs_and_writes_a_report(database_url: str, tmp_path: Path) -> None:
+    report = tmp_path / "throughput.md"
+    code = main(["bench", "throughput", "--jobs", "60", "--jobs", "25", "--slots", "8",
+                 "--samples", "3", "--report", str(report), "--database-url", database_url])
+    assert code == 0
+    text = report.read_text()
+    assert "| 60 | 8 |" in text and "| 25 | 8 |" in text
+    assert "commit returned | 3 |" in text
+    assert "PostgreSQL" in text and "cores" in text
