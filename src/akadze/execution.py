@@ -67,6 +67,7 @@ class Execution:
     _flush_wanted: asyncio.Event
     _cancel_poll_now: asyncio.Event
     _write_lock: asyncio.Lock
+    _settled: asyncio.Event
     _force: asyncio.Event
     _random: random.Random
     _trouble: Trouble
@@ -211,6 +212,12 @@ class Execution:
             self._abandon(run, finish, "timeout")
             await _quietly(future)
             return None
+    async def wait_idle(self) -> None:
+        """Wait until no job runs here and every outcome is written."""
+        while self._running or self._pending:
+            self._settled.clear()
+            await self._settled.wait()
+
     def _abandon(self, run: _Run, finish: outcomes.Finish, reason: str) -> None:
         """End a run before its function does: record ``finish`` now, tell the task
         (``current().should_stop``), and interrupt it when it is async."""
@@ -227,6 +234,7 @@ class Execution:
         queue = self._queues[run.queue]
         queue.busy -= 1
         queue.freed.set()
+        self._settled.set()
 
     def _record(
         self, run: _Run | None, finish: outcomes.Finish, exc: BaseException | None = None
@@ -362,6 +370,7 @@ class Execution:
                 if delay:
                     await asyncio.sleep(delay)
             self._wake_blocked()
+            self._settled.set()
 
     def _wake_blocked(self) -> None:
         for queue in self._queues.values():

@@ -172,6 +172,7 @@ class Worker(Execution, LeaseKeeping):
         self._heartbeat_tried = asyncio.Event()
         self._cancel_poll_now = asyncio.Event()
         self._write_lock = asyncio.Lock()
+        self._settled = asyncio.Event()
         self._stop_count = 0
         self._stopping = False
         self._fenced = False
@@ -451,10 +452,11 @@ class Worker(Execution, LeaseKeeping):
         if self._claim_pool is None:
             raise WorkerError("the worker is not running")
         async with self._claim_pool.connection() as conn:
-            return await claim(
+            jobs: list[ClaimedJob] = await claim(
                 conn, queue=queue.name, slots=free, fair=self.fair, worker_id=self.worker_id,
                 tasks=self._task_names, app=self.app, now=self.sql_now(),
             )
+        return jobs
 
     def _blocked(self, queue: _Queue) -> bool:
         return (

@@ -88,11 +88,6 @@ def _reset(conn: Conn) -> None:
     conn.execute("TRUNCATE akadze.jobs, akadze.workers")
 
 
-async def _wait_written(worker: Worker) -> None:
-    while worker._pending or worker.running:
-        await asyncio.sleep(0.001)
-
-
 async def measure_throughput(url: str, jobs: int, slots: int) -> Throughput:
     bench = _Bench(url)
     bench.target = jobs
@@ -106,11 +101,11 @@ async def measure_throughput(url: str, jobs: int, slots: int) -> Throughput:
                 "INSERT INTO akadze.jobs (queue, task) "
                 "SELECT 'default', %s FROM generate_series(1, %s)", (TASK, jobs))
             await asyncio.wait_for(bench.finished.wait(), timeout=max(60, jobs / 100))
-            await _wait_written(worker)
+            await worker.wait_idle()
             seconds = time.perf_counter() - began
         row = conn.execute("SELECT count(*) FROM akadze.jobs WHERE state = 'succeeded'"
                            ).fetchone()
-    if not row or int(row[0]) != jobs:
+    if not row or int(str(row[0])) != jobs:
         raise click.ClickException(f"expected {jobs} succeeded jobs, found {row}")
     return Throughput(jobs, slots, seconds)
 
@@ -138,7 +133,7 @@ async def measure_latency(url: str, samples: int, slots: int) -> Latency:
         async with Worker(bench.app, slots=slots, poll_interval=1.0, lease=60) as worker:
             for number in range(samples + 5):
                 a, b = await asyncio.to_thread(_enqueue_one, conn, bench)
-                await _wait_written(worker)
+                await worker.wait_idle()
                 if number >= 5:  # the first few warm up connections and plans
                     after.append(a)
                     before.append(b)
