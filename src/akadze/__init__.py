@@ -83,3 +83,56 @@ from .jobs import EnqueuedJob  # noqa: E402
 from .jobspec import Job  # noqa: E402
 
 __all__ += ["EnqueuedJob", "Enqueuer", "Job"]
+
+# Periodic schedules and operations.
+from .control import (  # noqa: E402
+    pause_queue,
+    pause_queue_sync,
+    requeue,
+    requeue_sync,
+    resume_queue,
+    resume_queue_sync,
+    retry_now,
+    retry_now_sync,
+)
+from .errors import InvalidJobState  # noqa: E402
+from .overview import (  # noqa: E402
+    JobSummary,
+    QueueSnapshot,
+    StateCount,
+    WorkerSummary,
+    get_job,
+    get_job_sync,
+    list_jobs,
+    list_jobs_sync,
+    list_workers,
+    list_workers_sync,
+    queue_snapshot,
+    queue_snapshot_sync,
+)
+from .schedules import Schedule  # noqa: E402
+
+__all__ += [
+    "InvalidJobState",
+    "JobSummary",
+    "QueueSnapshot",
+    "Schedule",
+    "StateCount",
+    "WorkerSummary",
+    "get_job",
+    "get_job_sync",
+    "list_jobs",
+    "list_jobs_sync",
+    "list_workers",
+    "list_workers_sync",
+    "pause_queue",
+    "pause_queue_sync",
+    "queue_snapshot",
+    "queue_snapshot_sync",
+    "requeue",
+    "requeue_sync",
+    "resume_queue",
+    "resume_queue_sync",
+    "retry_now",
+    "retry_now_sync",
+]
