@@ -98,7 +98,7 @@ class Akadze:
         timeout: float | timedelta | None = None,
         priority: int = 0,
         backoff: BackoffFunction | None = None,
-    ) -> Callable[[F], F]: ...
+    ) -> Callable[[TaskFunction], Task[Any]]: ...
 
     def task(
         self,
