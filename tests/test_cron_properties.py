@@ -185,3 +185,21 @@ def test_calendar_expressions_fire_in_order(text: str, name: str, at: datetime) 
         fires.append(fire)
         current = fire
     assert fires == sorted(set(fires))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    expr=expressions(),
+    window=windows(),
+    grace_minutes=st.integers(1, 3 * 24 * 60),
+)
+def test_latest_fire_is_the_last_fire_of_the_window(
+    expr: tuple[str, frozenset[int], frozenset[int], bool],
+    window: tuple[ZoneInfo, datetime, datetime],
+    grace_minutes: int,
+) -> None:
+    parsed = cron.parse(expr[0])
+    tz, _, at = window
+    since = at - timedelta(minutes=grace_minutes)
+    fires = list(cron.fires_between(parsed, tz, since, at))
+    assert cron.latest_fire(parsed, tz, at, since=since) == (fires[-1] if fires else None)

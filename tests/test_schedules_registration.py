@@ -140,3 +140,17 @@ def test_periodic_refuses_and_registers_nothing(bare: Akadze) -> None:
             return None
 
     assert "broken" not in bare.tasks and bare.schedules == {}
+
+
+@pytest.mark.parametrize("expr", ["*/7 * * * *", "30 2 * * *", "* 1 * * *", "0 0 * * 0"])
+def test_due_fire_memo_agrees_with_a_fresh_computation(bare: Akadze, expr: str) -> None:
+    schedule = bare.add_schedule("s", task="report", cron=expr, timezone="Europe/Berlin",
+                                 grace=timedelta(minutes=20))
+    now = datetime(2024, 10, 26, 22, 0, tzinfo=UTC)  # across the October transition
+    step = 0
+    while now < datetime(2024, 10, 27, 6, 0, tzinfo=UTC):
+        fresh = schedule.latest_fire(now)
+        expected = fresh if fresh is not None and now - fresh <= schedule.grace else None
+        assert schedule.due_fire(now) == expected, now
+        step = (step * 7 + 13) % 97
+        now += timedelta(seconds=5 + step * 11)

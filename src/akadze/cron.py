@@ -292,8 +292,20 @@ def fires_between(
 def latest_fire(
     expr: CronExpression, tz: ZoneInfo, at: datetime, *, since: datetime
 ) -> datetime | None:
-    """The latest fire ``t`` with ``since < t <= at``, or ``None``."""
-    latest = None
-    for fire in fires_between(expr, tz, since, at):
-        latest = fire
-    return latest
+    """The latest fire ``t`` with ``since < t <= at``, or ``None``.
+
+    Probes backwards in growing windows (a minute, four, sixteen, ...) so that a dense
+    expression costs a couple of evaluations, whatever the distance to ``since``."""
+    span = timedelta(minutes=1)
+    while True:
+        start = max(since, at - span)
+        fire = next_fire(expr, tz, start)
+        if fire is not None and fire <= at:
+            while True:
+                following = next_fire(expr, tz, fire)
+                if following is None or following > at:
+                    return fire
+                fire = following
+        if start == since:
+            return None
+        span *= 4

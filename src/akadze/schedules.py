@@ -73,6 +73,8 @@ class Schedule:
     max_attempts: int | None = None
     limit_key: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # [asked at, latest fire then, the fire after it]: due_fire's memo between ticks.
+    _due_cache: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def when(self) -> str:
@@ -100,7 +102,14 @@ class Schedule:
 
     def due_fire(self, now: datetime) -> datetime | None:
         """The fire to enqueue at ``now``: the latest one, if within the grace."""
-        fire = self.latest_fire(now)
+        cached = self._due_cache
+        fire: datetime | None
+        if cached and cached[0] <= now and (cached[2] is None or now < cached[2]):
+            fire = cached[1]  # no fire since the last call: same answer, no cron work
+        else:
+            fire = self.latest_fire(now)
+            following = self.next_fire(fire if fire is not None else now)
+            cached[:] = [now, fire, following]
         if fire is None or now - fire > self.grace:
             return None
         return fire
