@@ -67,7 +67,7 @@ async def test_the_worker_waits_for_a_database_that_is_not_there_yet(
 
     # A worker pointed at a port where nothing listens keeps trying, quietly.
     worker = Worker(app, database_url="postgresql://postgres@127.0.0.1:1/none",
-                    poll_interval=0.05)
+                    poll_interval=0.05, lease=1)
     runner = asyncio.create_task(worker.run())
     await eventually(lambda: "heartbeat failed" in caplog.text)
     assert not runner.done()

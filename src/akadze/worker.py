@@ -353,7 +353,8 @@ class Worker(Execution, LeaseKeeping):
 
     async def _open(self) -> None:
         self._pool = psycopg_pool.AsyncConnectionPool(
-            self._url, min_size=1, max_size=self._pool_size, open=False, timeout=5.0,
+            self._url, min_size=1, max_size=self._pool_size, open=False,
+            timeout=max(0.2, min(5.0, self.lease / 3)),
             check=psycopg_pool.AsyncConnectionPool.check_connection,
             kwargs={"autocommit": True, "application_name": "akadze-worker"},
             name="akadze-worker",
@@ -369,7 +370,8 @@ class Worker(Execution, LeaseKeeping):
         if not self._durable_claims:
             claim_kwargs["options"] = "-c synchronous_commit=off"
         self._claim_pool = psycopg_pool.AsyncConnectionPool(
-            self._url, min_size=1, max_size=len(self.queues) + 1, open=False, timeout=5.0,
+            self._url, min_size=1, max_size=len(self.queues) + 1, open=False,
+            timeout=max(0.2, min(5.0, self.lease / 3)),
             check=psycopg_pool.AsyncConnectionPool.check_connection,
             kwargs=claim_kwargs, name="akadze-worker-claims",
         )
@@ -396,7 +398,7 @@ class Worker(Execution, LeaseKeeping):
             self._executor.shutdown(wait=False, cancel_futures=True)
         for pool in (self._claim_pool, self._pool):
             if pool is not None:
-                await pool.close()
+                await pool.close(timeout=1.0)
         if self._sync_pool is not None:
             await asyncio.to_thread(self._sync_pool.close)
 
@@ -645,8 +647,9 @@ class Worker(Execution, LeaseKeeping):
                     await self._flush_everything(raise_errors=False)
                     if self._pending:
                         await asyncio.sleep(0.1)
-                async with self.async_connection() as conn:
-                    await leases.unregister(conn, self.worker_id)
+                if self._registered.is_set():
+                    async with self.async_connection() as conn:
+                        await leases.unregister(conn, self.worker_id)
         except Exception as exc:
             if self._pending:
                 logger.error(
