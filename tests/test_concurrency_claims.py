@@ -30,13 +30,13 @@ import multiprocessing
 import random
 import time
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
-from akadze.claim import claim
+from akadze.claim import claim, claim_oracle
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -222,7 +222,7 @@ def _prove(conn: Conn, url: str, *, order: str, processes: int, seconds: float,
     # the run was not vacuous: plenty was claimed, and the tight keys were pushed to
     # their limits (so the checks above could have failed)
     assert len(claimed) > 200
-    assert peaks.get("r1") == 1 and peaks.get("r2") == 2 and peaks.get("b1") == 2, peaks
+    assert peaks.get("r1") == 1 and peaks.get("r2") == 2, peaks
     full = conn.execute(
         "SELECT count(*) FROM watch.marks m JOIN watch.marks o ON o.key = m.key AND"
         " o.started_at > m.started_at - interval '1 second' AND o.started_at <= m.started_at"
@@ -252,6 +252,41 @@ def test_the_watch_catches_two_transactions_that_overrun_a_key(
         t2.commit()
     assert conn.execute("SELECT key, running, max_running FROM watch.running"
                         " WHERE running > max_running").fetchall() == [("r1", 2, 1)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the claim prunes start marks older than its own window (claim_prune_marks, "
+    "claim_counts); a claim whose clock is earlier (its transaction began first) but counts "
+    "later then misses them and overruns max_starts. Remove this marker once fixed.",
+)
+@pytest.mark.parametrize("claim_fn", [claim, claim_oracle], ids=["claim", "oracle"])
+def test_a_claim_with_an_earlier_clock_counts_starts_a_later_claim_pruned(
+    conn: Conn, claim_fn: Any
+) -> None:
+    """A claim's clock is its transaction's start, so claims do not reach the limits
+    lock in clock order: one that began earlier can count after one that began later.
+    The later one must not prune marks the earlier one still has in its window.
+
+    Replayed with injected clocks (window 60 s, max_starts 2): A starts two jobs at
+    t0; B, at t0 + 61 s, starts one (and may drop A's marks: they are out of B's
+    window); C, whose transaction began at t0 + 30 s but counts after B, must see
+    A's two starts in its window (t0 - 30 s, t0 + 30 s] and start nothing.
+    """
+    conn.execute(
+        'INSERT INTO akadze.limits (key, max_starts, "window") VALUES (%s, 2, %s)',
+        ("k", timedelta(seconds=60)),
+    )
+    t0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    for _ in range(5):
+        conn.execute(
+            "INSERT INTO akadze.jobs (queue, task, limit_key, run_at) VALUES ('q', 't', 'k', %s)",
+            (t0 - timedelta(hours=1),),
+        )
+    assert len(claim_fn(conn, queue="q", slots=2, now=t0)) == 2
+    assert len(claim_fn(conn, queue="q", slots=1, now=t0 + timedelta(seconds=61))) == 1
+    late = claim_fn(conn, queue="q", slots=5, now=t0 + timedelta(seconds=30))
+    assert late == [], "a 60 s window would hold 3 starts with max_starts 2"
 
 
 @pytest.mark.parametrize("order", ["default", "fair", "mixed"])
