@@ -297,6 +297,24 @@ def finish_params(batch: Sequence[Finish], now: datetime | None) -> dict[str, An
     }
 
 
+async def _execute_finish(
+    conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish], now: datetime | None
+) -> set[int]:
+    if not batch:
+        return set()
+    if all(f.state is JobState.SUCCEEDED for f in batch):
+        params: dict[str, Any] = {
+            "ids": _int_array([f.job.id for f in batch]),
+            "run_counts": _int_array([f.job.run_count for f in batch]),
+            "results": _text_array([f.result for f in batch]),
+            "now": now,
+        }
+        cur = await conn.execute(queries.get("finish_succeeded"), params)
+    else:
+        cur = await conn.execute(queries.get("finish_jobs"), finish_params(batch, now))
+    return {int(str(row[0])) for row in await cur.fetchall()}
+
+
 async def write(
     conn: psycopg.AsyncConnection[Any],
     batch: Sequence[Finish],
@@ -314,13 +332,14 @@ async def write(
     """
     if not batch:
         return set()
-    params = finish_params(batch, now)
-    if not hooks:
-        cur = await conn.execute(queries.get("finish_jobs"), params)
-        return {int(str(row[0])) for row in await cur.fetchall()}
+    plain = [f for f in batch if f.state is JobState.SUCCEEDED]
+    other = [f for f in batch if f.state is not JobState.SUCCEEDED]
+    if not hooks and not (plain and other):
+        # One kind only: one statement in its own (autocommit) transaction.
+        return await _execute_finish(conn, plain or other, now)
     async with conn.transaction():
-        cur = await conn.execute(queries.get("finish_jobs"), params)
-        accepted = {int(str(row[0])) for row in await cur.fetchall()}
+        accepted = await _execute_finish(conn, plain, now)
+        accepted |= await _execute_finish(conn, other, now)
         for finish in batch:
             if finish.job.id not in accepted:
                 continue

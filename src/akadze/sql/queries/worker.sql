@@ -50,6 +50,18 @@ FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(states)s::akadze.job
 WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
 RETURNING j.id;
 
+-- name: finish_succeeded
+-- The common case of finish_jobs alone (runs that returned), without the CASEs
+-- and the errors append: about a third cheaper per row.
+UPDATE akadze.jobs AS j
+SET state = 'succeeded',
+    result = f.result::jsonb,
+    finished_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(results)s::text[])
+     AS f(id, run_count, result)
+WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
+RETURNING j.id;
+
 -- name: finish_one
 -- The same change for one job, used by complete_tx() inside the task's own
 -- transaction (the task's writes commit with it, or not at all).
