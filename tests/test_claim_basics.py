@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -165,13 +167,50 @@ def test_replans_around_rows_another_transaction_holds(
 def test_limited_key_held_by_another_claim_is_left_out(
     conn: Conn, database_url: str, claim_fn: Callable[..., Any]
 ) -> None:
+    # the claim locks "first" (free); "k" is held elsewhere, so it is skipped, not waited for
+    limit(conn, "first", max_running=5)
     limit(conn, "k", max_running=5)
+    head = add(conn, key="first", age=9)
     add(conn, key="k", age=5)
     free = add(conn, age=1)
     with psycopg.connect(database_url) as other:
         other.execute("SELECT 1 FROM akadze.limits WHERE key = 'k' FOR UPDATE")
-        assert ids(claim_fn(conn, queue="q", slots=2, now=NOW)) == [free]
+        assert ids(claim_fn(conn, queue="q", slots=3, now=NOW)) == [head, free]
         other.rollback()
+
+
+def test_first_lock_waits_and_then_counts_what_the_holder_committed(
+    conn: Conn, database_url: str
+) -> None:
+    limit(conn, "k", max_running=1)
+    first = add(conn, key="k", age=9)
+    second = add(conn, key="k", age=8)
+    with psycopg.connect(database_url) as other:
+        # another claim holds "k" and starts `first`
+        other.execute("SELECT 1 FROM akadze.limits WHERE key = 'k' FOR UPDATE")
+        other.execute("UPDATE akadze.jobs SET state = 'running' WHERE id = %s", (first,))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(claim, conn, queue="q", slots=2, now=NOW)
+            deadline = time.monotonic() + 10
+            while not _waiting_on_lock(database_url):
+                assert time.monotonic() < deadline, "the claim never waited for the lock"
+                time.sleep(0.01)
+            assert not pending.done()
+            other.commit()
+            # the claim saw the commit: k is at its limit, nothing to claim
+            assert pending.result(timeout=10) == []
+    assert ids(claim(conn, queue="q", slots=2, now=NOW)) == []
+    conn.execute("UPDATE akadze.jobs SET state = 'succeeded' WHERE id = %s", (first,))
+    assert ids(claim(conn, queue="q", slots=2, now=NOW)) == [second]
+
+
+def _waiting_on_lock(database_url: str) -> bool:
+    with psycopg.connect(database_url, autocommit=True) as watcher:
+        row = watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+    return bool(row and row[0])
 
 
 @CLAIMS

@@ -181,6 +181,7 @@ def test_planner_matches_the_oracle(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 @settings(max_examples=20_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**CASES)
 def test_planner_matches_the_oracle_many(

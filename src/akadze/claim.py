@@ -14,6 +14,7 @@ else, with no bridge between the two.
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,7 +25,7 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
-from . import queries
+from . import planner, queries
 from .errors import ConfigurationError
 from .jobs import ClaimedJob
 
@@ -58,6 +59,7 @@ class Transitions:
 
 Step = Statement | Transitions
 Steps = Generator[Step, Any, list[ClaimedJob]]
+Steps0 = Generator[Step, Any, None]
 Row = tuple[Any, ...]
 
 
@@ -102,12 +104,6 @@ def cancel_due(request: Request, now: datetime) -> Generator[Step, Any, list[Cla
     return [_job(r) for r in rows]
 
 
-def prune_marks(keys: Sequence[str], now: datetime) -> Generator[Step, Any, None]:
-    if keys:
-        yield Statement(queries.get("claim_prune_marks"), {"keys": list(keys), "now": now},
-                        prepare=False)
-
-
 def take(
     request: Request, now: datetime, ids: Sequence[int]
 ) -> Generator[Step, Any, list[ClaimedJob]]:
@@ -136,10 +132,8 @@ def oracle_steps(request: Request) -> Steps:
     now, paused = yield from begin(request)
     if paused:
         return []
-    cancelled = yield from cancel_due(request, now)
     rows = yield Statement(queries.get("claim_oracle_lock"), request.params(now), prepare=False)
     locked = [r[0] for r in rows]
-    yield from prune_marks(locked, now)
     claimed: list[ClaimedJob] = []
     skip_ids: list[int] = []
     while len(claimed) < request.slots:
@@ -161,6 +155,225 @@ def oracle_steps(request: Request) -> Steps:
             # without them. skip_ids only grows, so this ends.
             taken = {job.id for job in got}
             skip_ids.extend(i for i in planned if i not in taken)
+    cancelled = yield from cancel_due(request, now)
+    return (yield from finish(cancelled, claimed))
+
+
+# -- the windowed claim -----------------------------------------------------------------
+
+# Above every smallint priority: "after" this position is the head of the queue.
+_HEAD_PRIORITY = 32768
+# The skip scan that lists a queue's groups stops after this many keys; below
+# it, the claim reads per group instead of filtering the queue.
+GROUP_SCAN_BOUND = 64
+# ... and it is tried only when the rows read so far show at most this many keys
+# (a queue that shows many keys in its head rarely has few in total).
+GROUP_SCAN_TRY = 16
+
+Position = tuple[int, datetime, int]
+
+
+@dataclass
+class _Reading:
+    """Where a windowed read has got to (reset when a short take restarts it)."""
+
+    rows: list[planner.Row]
+    after: Position | None = None
+    complete: bool = False
+    window: int = 0
+    excluded: frozenset[str | None] = frozenset()
+    universe: frozenset[str | None] | None = None
+    scanned_groups: bool = False
+
+
+@dataclass
+class _Known:
+    """What the claim learnt about keys and groups."""
+
+    locked: set[str]
+    held: set[str]
+    unlimited: set[str]
+    room: dict[str, int]
+    busy: dict[str | None, int]
+
+
+def _skip_clause(exclude: frozenset[str | None]) -> sql.Composed:
+    """Conditions leaving out the excluded keys, as literals (see claim_window)."""
+    parts: list[sql.Composable] = []
+    if None in exclude:
+        parts.append(sql.SQL("AND c.limit_key IS NOT NULL"))
+    keys = sorted(k for k in exclude if k is not None)
+    if keys:
+        literal = sql.Literal(keys)
+        if None in exclude:
+            parts.append(sql.SQL("AND c.limit_key <> ALL ({}::text[])").format(literal))
+        else:
+            parts.append(sql.SQL("AND (c.limit_key IS NULL OR c.limit_key <> ALL ({}::text[]))")
+                         .format(literal))
+    return sql.SQL(" ").join(parts)
+
+
+def _after_params(after: Position | None, now: datetime) -> dict[str, object]:
+    if after is None:
+        return {"after_priority": _HEAD_PRIORITY, "after_run_at": now, "after_id": 0}
+    neg_priority, run_at, id_ = after
+    return {"after_priority": -neg_priority, "after_run_at": run_at, "after_id": id_}
+
+
+def _entries(rows: list[Row]) -> list[tuple[planner.Row, bool]]:
+    return [(planner.Row(r[0], r[1], r[2], r[3]), bool(r[4])) for r in rows]
+
+
+def _read_window(
+    request: Request, now: datetime, reading: _Reading, window: int,
+    exclude: frozenset[str | None],
+) -> Steps0:
+    skip = _skip_clause(exclude)
+    query = queries.get("claim_window").format(skip=skip)
+    params = {**request.params(now), **_after_params(reading.after, now), "window": window}
+    rows = yield Statement(query, params, prepare=False if exclude else None)
+    entries = _entries(rows)
+    reading.complete = len(entries) < window
+    _advance(reading, entries)
+
+
+def _read_groups(
+    request: Request, now: datetime, reading: _Reading, window: int,
+    exclude: frozenset[str | None],
+) -> Steps0:
+    assert reading.universe is not None
+    groups = reading.universe - exclude
+    keys = sorted(k for k in groups if k is not None)
+    per_group = max(request.slots, -(-window // max(1, len(groups))))
+    params = {
+        **request.params(now), **_after_params(reading.after, now),
+        "keys": keys, "null_group": None in groups, "per_group": per_group,
+    }
+    rows = yield Statement(queries.get("claim_group_rows"), params)
+    entries = _entries(rows)
+    # Each group returned at most per_group entries. Up to the earliest last
+    # entry of a group that returned per_group of them, nothing was left unread
+    # (of the groups read); past it, that group may have more rows.
+    counts: Counter[str | None] = Counter(e.key for e, _ in entries)
+    last: dict[str | None, Position] = {}
+    for entry, _ in entries:
+        last[entry.key] = entry.position
+    full = [last[g] for g, n in counts.items() if n >= per_group]
+    if full:
+        edge = min(full)
+        entries = [(e, ready) for e, ready in entries if e.position <= edge]
+    else:
+        reading.complete = True
+    _advance(reading, entries)
+
+
+def _advance(reading: _Reading, entries: list[tuple[planner.Row, bool]]) -> None:
+    if entries:
+        reading.after = entries[-1][0].position
+    reading.rows.extend(e for e, ready in entries if ready)
+
+
+def _scan_groups(request: Request, now: datetime, reading: _Reading) -> Steps0:
+    """Try to list every group of the queue (bounded skip scan)."""
+    reading.scanned_groups = True
+    params = {"queue": request.queue, "bound": GROUP_SCAN_BOUND}
+    rows = yield Statement(queries.get("claim_groups"), params)
+    keys, has_null = rows[0]
+    if len(keys) < GROUP_SCAN_BOUND:
+        groups: set[str | None] = set(keys)
+        if has_null:
+            groups.add(None)
+        reading.universe = frozenset(groups)
+
+
+def _load_state(
+    request: Request, now: datetime, known: _Known, need: planner.NeedState
+) -> Steps0:
+    new = [k for k in need.keys
+           if k not in known.locked and k not in known.held and k not in known.unlimited]
+    if new:
+        if not known.locked:
+            # Nothing held yet: this is the one lock of the claim that may wait.
+            yield Statement(queries.get("claim_lock_first"), {"keys": new})
+        rows = yield Statement(queries.get("claim_lock"), {"keys": new})
+        limited = set()
+        for key, locked in rows:
+            limited.add(key)
+            (known.locked if locked else known.held).add(key)
+        known.unlimited.update(k for k in new if k not in limited)
+    for key in need.keys:
+        if key in known.held:
+            known.room[key] = 0  # another claim has it: left for the next claim
+    to_count = [k for k in need.keys if k in known.locked]
+    groups = [g for g in need.groups if g is not None]
+    null_group = None in need.groups
+    if not to_count and not groups and not null_group:
+        return
+    # A new statement after the locks: it sees every commit made before they were granted.
+    params = {"keys": to_count, "groups": groups, "null_group": null_group,
+              "queue": request.queue, "now": now}
+    rows = yield Statement(queries.get("claim_counts"), params)
+    for kind, key, max_running, running, max_starts, starts in rows:
+        if kind == "limit":
+            known.room[key] = planner.headroom(
+                planner.Limit(max_running, running, max_starts, starts or 0))
+        else:
+            known.busy[key] = running
+
+
+def windowed_steps(request: Request) -> Steps:
+    """The windowed claim (seed-claim): read the queue in windows until the
+    planner proves that nothing unread can change the result."""
+    now, paused = yield from begin(request)
+    if paused:
+        return []
+    known = _Known(set(), set(), set(), {}, {})
+    claimed: list[ClaimedJob] = []
+    skip: set[int] = set()
+    while len(claimed) < request.slots:
+        slots = request.slots - len(claimed)
+        reading = _Reading(rows=[])
+        decision: planner.Decision
+        while True:
+            view = planner.View(
+                slots=slots, fair=request.fair, rows=reading.rows,
+                boundary=-reading.after[0] if reading.after else None,
+                complete=reading.complete, window=reading.window,
+                excluded=reading.excluded, headroom=known.room,
+                unlimited=known.unlimited, busy=known.busy, universe=reading.universe,
+                skip=skip,
+            )
+            decision = planner.plan(view)
+            if isinstance(decision, planner.Settled):
+                break
+            if isinstance(decision, planner.NeedState):
+                yield from _load_state(request, now, known, decision)
+                continue
+            if (reading.universe is None and not reading.scanned_groups and reading.window
+                    and len({r.key for r in reading.rows}) <= GROUP_SCAN_TRY):
+                yield from _scan_groups(request, now, reading)
+                if reading.universe is not None:
+                    continue  # plan again: fair groups may need their busy counts
+            reading.window = decision.window
+            reading.excluded = decision.exclude
+            if reading.universe is not None:
+                yield from _read_groups(request, now, reading, decision.window, decision.exclude)
+            else:
+                yield from _read_window(request, now, reading, decision.window, decision.exclude)
+        planned = decision.take
+        if not planned:
+            break
+        got = yield from take(request, now, planned)
+        claimed.extend(got)
+        if len(got) == len(planned):
+            break
+        # Rows another claim holds: plan the remaining slots again from the head,
+        # with fresh counts (the rows just taken now run, and count).
+        taken = {job.id for job in got}
+        skip.update(i for i in planned if i not in taken)
+        known.room.clear()
+        known.busy.clear()
+    cancelled = yield from cancel_due(request, now)
     return (yield from finish(cancelled, claimed))
 
 
@@ -305,7 +518,7 @@ def claim(
     """
     request = _request(queue, slots, fair, worker_id, tasks, now)
     result: list[ClaimedJob] | Awaitable[list[ClaimedJob]] = _dispatch(
-        conn, request, app, oracle_steps
+        conn, request, app, windowed_steps
     )
     return result
 

@@ -33,21 +33,16 @@ RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.ru
           j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
           j.started_at
 
--- name: claim_prune_marks
--- Start marks older than their key's window no longer count; drop them. Only
--- keys whose limits rows this claim holds, so no one else is counting them.
-DELETE FROM akadze.start_marks m
-USING akadze.limits l
-WHERE m.key = ANY (%(keys)s::text[])
-  AND l.key = m.key
-  AND m.started_at <= %(now)s - l."window"
-
 -- name: claim_take
 -- Take the planned rows. FOR UPDATE SKIP LOCKED re-checks every ready condition
 -- on the newest version of each row (READ COMMITTED re-evaluation), so a row
 -- that another claim took, or that was cancelled meanwhile, is simply missing
 -- from the result, and the caller plans again. The start mark of a rate-limited
--- key is written in the same statement, so a re-plan counts it.
+-- key is written in the same statement, so a re-plan counts it; the marks of
+-- those keys that have left their window are dropped here too (the claim holds
+-- the keys' limits rows, so nobody is counting them meanwhile). Pruning only the
+-- keys a claim starts keeps the effects of a claim independent of how much of
+-- the queue it happened to read, and bounds each key's marks by its own rate.
 WITH picked AS (
     SELECT j.id
     FROM akadze.jobs j
@@ -78,5 +73,215 @@ marked AS (
     FROM taken t
     JOIN akadze.limits l ON l.key = t.limit_key
     WHERE l.max_starts IS NOT NULL
+),
+pruned AS (
+    -- same snapshot as the INSERT above: the new marks are not seen (nor are
+    -- they old enough to be pruned)
+    DELETE FROM akadze.start_marks m
+    USING akadze.limits l
+    WHERE m.key IN (SELECT t.limit_key FROM taken t)
+      AND l.key = m.key
+      AND m.started_at <= %(now)s - l."window"
 )
 SELECT * FROM taken
+
+-- ---------------------------------------------------------------------------
+-- The windowed claim (akadze.claim, planned by akadze.planner).
+--
+-- Windows continue after a position P = (after_priority, after_run_at,
+-- after_id) in queue order (priority DESC, run_at, id). "After P" is written as
+-- two range scans glued by UNION ALL: the rest of P's priority level,
+-- (run_at, id) > (r, i), then every lower priority. Each is one contiguous range
+-- of the index, so a window never re-reads what earlier windows read (a single
+-- OR condition would make the scan start at the top of P's priority again).
+-- The first window passes after_priority = 32768 (above every smallint): the
+-- first arm is empty and the second reads the queue from its head.
+-- ---------------------------------------------------------------------------
+
+-- name: claim_window
+-- The next `window` index entries of the queue after P, leaving out the
+-- excluded keys. {skip} is composed by the caller from literals (never from a
+-- parameter, see below): empty, or conditions on c.limit_key.
+--
+-- The candidates come from an index-only scan of jobs_ready_idx (queue,
+-- priority DESC, run_at, id) INCLUDE (limit_key): skipping the rows of an
+-- excluded key costs one index tuple each, with no heap fetch. The conditions
+-- that need the heap (cancel requested, expiry, task) are evaluated afterwards
+-- on the few entries returned, and reported as `ready` instead of filtering, so
+-- the caller knows where the window ended even when its last entries are not
+-- ready for this claim.
+--
+-- Why literals: an array parameter in a filter ends up in a generic plan once
+-- psycopg prepares the statement, and a generic plan searches the array
+-- linearly for every row (20x slower measured); a literal array is hashed.
+-- The caller runs this with prepare=False whenever {skip} is not empty.
+WITH candidates AS (
+    (SELECT c.id, c.priority, c.run_at, c.limit_key
+     FROM akadze.jobs c
+     WHERE c.queue = %(queue)s
+       AND c.state = 'queued'
+       AND c.priority = %(after_priority)s
+       AND (c.run_at, c.id) > (%(after_run_at)s, %(after_id)s)
+       AND c.run_at <= %(now)s
+       {skip}
+     ORDER BY c.priority DESC, c.run_at, c.id
+     LIMIT %(window)s)
+    UNION ALL
+    (SELECT c.id, c.priority, c.run_at, c.limit_key
+     FROM akadze.jobs c
+     WHERE c.queue = %(queue)s
+       AND c.state = 'queued'
+       AND c.priority < %(after_priority)s
+       AND c.run_at <= %(now)s
+       {skip}
+     ORDER BY c.priority DESC, c.run_at, c.id
+     LIMIT %(window)s)
+    LIMIT %(window)s
+)
+SELECT c.id, c.priority, c.run_at, c.limit_key,
+       (NOT j.cancel_requested
+        AND (j.expires_at IS NULL OR j.expires_at > %(now)s)
+        AND (%(tasks)s::text[] IS NULL OR j.task = ANY (%(tasks)s::text[]))) AS ready
+FROM candidates c
+JOIN akadze.jobs j ON j.id = c.id
+ORDER BY c.priority DESC, c.run_at, c.id
+
+-- name: claim_groups
+-- A bounded skip scan of jobs_ready_key_idx (queue, limit_key, ...): the
+-- distinct non-null keys with queued rows in the queue, one index probe each
+-- (~10 us), without reading their backlogs; stops after `bound` keys. The last
+-- column says whether the queue has queued rows without a key. When fewer than
+-- `bound` keys come back, the list is complete and the claim can read each
+-- group's rows directly (claim_group_rows) instead of filtering the queue.
+WITH RECURSIVE found AS (
+    (SELECT k.limit_key
+     FROM akadze.jobs k
+     WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key IS NOT NULL
+     ORDER BY k.limit_key
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT k.limit_key
+            FROM akadze.jobs k
+            WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key > f.limit_key
+            ORDER BY k.limit_key
+            LIMIT 1)
+    FROM found f
+    WHERE f.limit_key IS NOT NULL
+)
+SELECT array(SELECT limit_key FROM found WHERE limit_key IS NOT NULL LIMIT %(bound)s),
+       EXISTS (SELECT 1 FROM akadze.jobs n
+               WHERE n.queue = %(queue)s AND n.state = 'queued' AND n.limit_key IS NULL)
+
+-- name: claim_group_rows
+-- The next `per_group` index entries after P of each listed group, through
+-- jobs_ready_key_idx (queue, limit_key, priority DESC, run_at, id), where each
+-- group's rows are contiguous and in queue order: a group's backlog costs
+-- nothing to skip. The null group (null_group) has its own arm because
+-- "limit_key = k" never matches a null key. Same `ready` column as claim_window.
+WITH candidates AS (
+    SELECT c.*
+    FROM unnest(%(keys)s::text[]) AS g(key)
+    CROSS JOIN LATERAL (
+        (SELECT c.id, c.priority, c.run_at, c.limit_key
+         FROM akadze.jobs c
+         WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.key
+           AND c.priority = %(after_priority)s
+           AND (c.run_at, c.id) > (%(after_run_at)s, %(after_id)s)
+           AND c.run_at <= %(now)s
+         ORDER BY c.priority DESC, c.run_at, c.id
+         LIMIT %(per_group)s)
+        UNION ALL
+        (SELECT c.id, c.priority, c.run_at, c.limit_key
+         FROM akadze.jobs c
+         WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.key
+           AND c.priority < %(after_priority)s
+           AND c.run_at <= %(now)s
+         ORDER BY c.priority DESC, c.run_at, c.id
+         LIMIT %(per_group)s)
+        LIMIT %(per_group)s
+    ) c
+    UNION ALL
+    SELECT c.*
+    FROM (
+        (SELECT c.id, c.priority, c.run_at, c.limit_key
+         FROM akadze.jobs c
+         WHERE %(null_group)s
+           AND c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key IS NULL
+           AND c.priority = %(after_priority)s
+           AND (c.run_at, c.id) > (%(after_run_at)s, %(after_id)s)
+           AND c.run_at <= %(now)s
+         ORDER BY c.priority DESC, c.run_at, c.id
+         LIMIT %(per_group)s)
+        UNION ALL
+        (SELECT c.id, c.priority, c.run_at, c.limit_key
+         FROM akadze.jobs c
+         WHERE %(null_group)s
+           AND c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key IS NULL
+           AND c.priority < %(after_priority)s
+           AND c.run_at <= %(now)s
+         ORDER BY c.priority DESC, c.run_at, c.id
+         LIMIT %(per_group)s)
+        LIMIT %(per_group)s
+    ) c
+)
+SELECT c.id, c.priority, c.run_at, c.limit_key,
+       (NOT j.cancel_requested
+        AND (j.expires_at IS NULL OR j.expires_at > %(now)s)
+        AND (%(tasks)s::text[] IS NULL OR j.task = ANY (%(tasks)s::text[]))) AS ready
+FROM candidates c
+JOIN akadze.jobs j ON j.id = c.id
+ORDER BY c.priority DESC, c.run_at, c.id
+
+-- name: claim_lock_first
+-- The first limits lock of a claim, the only one that may wait: the claim holds
+-- no limits row yet (and no job row), so waiting here cannot close a cycle.
+-- It locks the first limited key in the order the claim met the keys.
+SELECT l.key
+FROM akadze.limits l
+WHERE l.key = ANY (%(keys)s::text[])
+ORDER BY array_position(%(keys)s::text[], l.key)
+LIMIT 1
+FOR UPDATE OF l
+
+-- name: claim_lock
+-- Lock the limits rows of newly met keys without waiting. Returns every listed
+-- key that has a limits row, and whether we now hold it; a key without a row is
+-- unlimited; a key with a row we could not lock is held by another claim and is
+-- left out of this one. (A row this claim already holds is locked again at no
+-- cost.)
+SELECT l.key, (mine.key IS NOT NULL) AS locked
+FROM akadze.limits l
+LEFT JOIN (
+    SELECT x.key FROM akadze.limits x
+    WHERE x.key = ANY (%(keys)s::text[])
+    FOR UPDATE SKIP LOCKED
+) mine ON mine.key = l.key
+WHERE l.key = ANY (%(keys)s::text[])
+
+-- name: claim_counts
+-- Runs as a NEW statement after the locks of claim_lock(_first) were granted:
+-- its READ COMMITTED snapshot sees every commit of the claim that held a key
+-- before us, so running(k) and starts(k) are exact while we hold the row.
+-- Also counts busy(g) for fair groups (running jobs of the group in this queue).
+SELECT 'limit' AS kind, l.key, l.max_running,
+       (SELECT count(*) FROM akadze.jobs r
+        WHERE r.state = 'running' AND r.limit_key = l.key) AS running,
+       l.max_starts,
+       CASE WHEN l.max_starts IS NULL THEN 0
+            ELSE (SELECT count(*) FROM akadze.start_marks m
+                  WHERE m.key = l.key AND m.started_at > %(now)s - l."window")
+       END AS starts
+FROM akadze.limits l
+WHERE l.key = ANY (%(keys)s::text[])
+UNION ALL
+SELECT 'busy', g.key, NULL,
+       (SELECT count(*) FROM akadze.jobs r
+        WHERE r.state = 'running' AND r.limit_key = g.key AND r.queue = %(queue)s),
+       NULL, NULL
+FROM unnest(%(groups)s::text[]) AS g(key)
+UNION ALL
+SELECT 'busy', NULL, NULL,
+       (SELECT count(*) FROM akadze.jobs r
+        WHERE r.state = 'running' AND r.limit_key IS NULL AND r.queue = %(queue)s),
+       NULL, NULL
+WHERE %(null_group)s
