@@ -372,7 +372,8 @@ class Worker(Execution, LeaseKeeping):
         self._claim_pool = psycopg_pool.AsyncConnectionPool(
             self._url, min_size=1, max_size=len(self.queues) + 1, open=False,
             timeout=max(0.2, min(5.0, self.lease / 3)),
-            check=psycopg_pool.AsyncConnectionPool.check_connection,
+            # No check on checkout (a round trip per claim): a broken connection fails
+            # one claim, which is retried at once and then reconciled.
             kwargs=claim_kwargs, name="akadze-worker-claims",
         )
         await self._claim_pool.open(wait=False)

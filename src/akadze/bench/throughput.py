@@ -77,11 +77,13 @@ class _Bench:
 
         @self.app.task(TASK)
         async def noop() -> None:
+            if self.target < 0:  # latency: tell the enqueuing thread
+                self.started_at = time.perf_counter()
+                self.started.set()
+                return
             self.done += 1
             if self.done == self.target:
                 self.finished.set()
-            self.started_at = time.perf_counter()
-            self.started.set()
 
 
 def _reset(conn: Conn) -> None:
@@ -174,7 +176,7 @@ def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput]
 @click.command("throughput")
 @click.option("--jobs", "sizes", multiple=True, type=click.IntRange(1),
               help="Backlog sizes to run (repeatable; default: 10000 and 100000).")
-@click.option("--slots", type=click.IntRange(1), default=500, show_default=True,
+@click.option("--slots", type=click.IntRange(1), default=1000, show_default=True,
               help="Worker slots on the queue (jobs claimed per claim at most).")
 @click.option("--samples", type=click.IntRange(0), default=200, show_default=True,
               help="Single enqueues for the pick-up latency (0 skips it).")
