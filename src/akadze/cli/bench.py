@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..bench import claims, enqueue, throughput
+from ..bench import claims, enqueue, faults, soak, throughput
 
 
 @click.group("bench")
@@ -15,3 +15,5 @@ def command() -> None:
 command.add_command(enqueue.command)
 command.add_command(claims.command)
 command.add_command(throughput.command)
+command.add_command(faults.command)
+command.add_command(soak.command)

@@ -1,0 +1,206 @@
+-- Queries of the reliability suite (akadze bench faults / soak, tests/test_reliability_*).
+-- They run only in scratch databases that the suite creates; nothing here is part
+-- of the schema migrations.
+
+-- name: fault_watch_install
+-- The test-only watch. A deferred constraint trigger runs at the commit of every
+-- transaction that made a job with a limit_key 'running'. It first takes one
+-- transaction-level advisory lock that every such commit takes, so the checks are
+-- serialised: when a check gets the lock, the commit before it is visible to its
+-- fresh READ COMMITTED snapshot. Running counts only grow at these commits, so
+-- checking at each of them sees every moment a key could be over max_running.
+-- Every start is also recorded (key, the claim's started_at, commit time) so that
+-- the start-rate limits can be checked afterwards over any window.
+-- effects: the rows the tasks write inside complete_tx() (one per job, exactly).
+CREATE SCHEMA IF NOT EXISTS akadze_fault;
+CREATE TABLE IF NOT EXISTS akadze_fault.violations (
+    key text, running bigint, max_running int, job_id bigint,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS akadze_fault.starts (
+    key text NOT NULL, started_at timestamptz NOT NULL, committed_at timestamptz NOT NULL,
+    job_id bigint NOT NULL, run_count int NOT NULL
+);
+CREATE INDEX IF NOT EXISTS starts_key_idx ON akadze_fault.starts (key, started_at);
+CREATE TABLE IF NOT EXISTS akadze_fault.effects (
+    job_id bigint NOT NULL, run_count int NOT NULL, worker text NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS effects_job_idx ON akadze_fault.effects (job_id);
+CREATE OR REPLACE FUNCTION akadze_fault.check_start() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    allowed int;
+    running bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(7164829377);
+    INSERT INTO akadze_fault.starts (key, started_at, committed_at, job_id, run_count)
+    VALUES (NEW.limit_key, NEW.started_at, clock_timestamp(), NEW.id, NEW.run_count);
+    SELECT l.max_running INTO allowed FROM akadze.limits l WHERE l.key = NEW.limit_key;
+    IF allowed IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT count(*) INTO running
+    FROM akadze.jobs j WHERE j.state = 'running' AND j.limit_key = NEW.limit_key;
+    IF running > allowed THEN
+        INSERT INTO akadze_fault.violations (key, running, max_running, job_id)
+        VALUES (NEW.limit_key, running, allowed, NEW.id);
+    END IF;
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS fault_check_start ON akadze.jobs;
+CREATE CONSTRAINT TRIGGER fault_check_start
+    AFTER UPDATE ON akadze.jobs
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (NEW.state = 'running' AND OLD.state <> 'running' AND NEW.limit_key IS NOT NULL)
+    EXECUTE FUNCTION akadze_fault.check_start();
+
+-- name: fault_record_effect
+INSERT INTO akadze_fault.effects (job_id, run_count, worker)
+VALUES (%(job_id)s, %(run_count)s, %(worker)s);
+
+-- name: fault_sample_running
+-- One snapshot: running jobs per limited key, with the key's max_running.
+SELECT j.limit_key, count(*), l.max_running
+FROM akadze.jobs j JOIN akadze.limits l ON l.key = j.limit_key
+WHERE j.state = 'running' AND l.max_running IS NOT NULL
+GROUP BY j.limit_key, l.max_running;
+
+-- name: fault_progress
+-- Jobs of the workload by phase of life (probe jobs are not part of it).
+SELECT count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'cancelled')),
+       count(*) FILTER (WHERE state = 'queued'),
+       count(*) FILTER (WHERE state = 'running'),
+       count(*)
+FROM akadze.jobs WHERE task <> 'fault.probe';
+
+-- name: fault_states
+SELECT state::text, count(*) FROM akadze.jobs WHERE task <> 'fault.probe' GROUP BY state;
+
+-- name: fault_audit
+-- Every promise, checked per job once the run is over (see faults.md):
+--   tx jobs: exactly one effect row when succeeded, none otherwise, and that row
+--   written by the run that finished the job (its run_count); plain jobs: the
+--   result names the run that finished it. attempts spent beyond the first, runs
+--   given back (claims that did not spend an attempt), and the recorded causes.
+WITH j AS (
+    SELECT j.id, j.state, j.run_count, j.attempt, (j.args ->> 'tx')::boolean AS tx,
+           (j.result ->> 'rc')::int AS result_rc, j.errors,
+           (SELECT count(*) FROM akadze_fault.effects e WHERE e.job_id = j.id) AS effects,
+           (SELECT count(*) FROM akadze_fault.effects e
+            WHERE e.job_id = j.id AND e.run_count <> j.run_count) AS stale_effects,
+           (SELECT count(*) FROM jsonb_array_elements(j.errors) x
+            WHERE x ->> 'error' = 'WorkerLost') AS rescues,
+           (SELECT count(*) FROM jsonb_array_elements(j.errors) x
+            WHERE x ->> 'message' LIKE 'injected failure%%') AS injected,
+           jsonb_array_length(j.errors) AS error_entries
+    FROM akadze.jobs j
+    WHERE j.task = 'fault.work'
+)
+SELECT
+    count(*) FILTER (WHERE tx AND state = 'succeeded' AND effects <> 1),
+    count(*) FILTER (WHERE tx AND state <> 'succeeded' AND effects > 0),
+    coalesce(sum(stale_effects), 0),
+    count(*) FILTER (WHERE state = 'succeeded' AND NOT tx AND result_rc IS DISTINCT FROM run_count),
+    coalesce(sum(run_count), 0),
+    coalesce(sum(attempt - 1) FILTER (WHERE state <> 'queued'), 0),
+    coalesce(sum(run_count - attempt), 0),
+    coalesce(sum(rescues), 0),
+    coalesce(sum(injected), 0),
+    coalesce(sum(error_entries - rescues - injected), 0),
+    count(*) FILTER (WHERE error_entries < 20 AND (
+        (state = 'succeeded' AND attempt - 1 <> error_entries)
+        OR (state = 'failed' AND attempt <> error_entries))),
+    count(*) FILTER (WHERE run_count > 1 + injected)
+FROM j;
+
+-- name: fault_error_kinds
+-- The recorded causes of spent attempts other than injected failures and rescues.
+SELECT x ->> 'error', left(x ->> 'message', 120), count(*)
+FROM akadze.jobs j, jsonb_array_elements(j.errors) x
+WHERE j.task = 'fault.work' AND x ->> 'error' <> 'WorkerLost'
+  AND x ->> 'message' NOT LIKE 'injected failure%%'
+GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 10;
+
+-- name: fault_violations
+SELECT count(*), coalesce(max(running - max_running), 0) FROM akadze_fault.violations;
+
+-- name: fault_start_violations
+-- Windows over the claims' own clock (started_at) in which a rate-limited key
+-- started more jobs than max_starts: for each start, the starts of its key in the
+-- window that ends with it.
+SELECT count(*), coalesce(max(n - max_starts), 0)
+FROM (
+    SELECT s.key, s.job_id, s.run_count, l.max_starts, count(*) AS n
+    FROM akadze_fault.starts s
+    JOIN akadze.limits l ON l.key = s.key AND l.max_starts IS NOT NULL
+    JOIN akadze_fault.starts t
+      ON t.key = s.key AND t.started_at > s.started_at - l."window"
+     AND t.started_at <= s.started_at
+    GROUP BY s.key, s.job_id, s.run_count, l.max_starts
+    HAVING count(*) > l.max_starts
+) over_rate;
+
+-- name: fault_backends
+-- The akadze worker connections to this database (claims, outcomes, LISTEN).
+SELECT pid, application_name, state
+FROM pg_stat_activity
+WHERE datname = current_database() AND application_name LIKE 'akadze-worker%%'
+  AND pid <> pg_backend_pid();
+
+-- name: fault_terminate
+SELECT pg_terminate_backend(%(pid)s);
+
+-- name: fault_hold_limits
+-- Hold the limits rows of these keys (the claim locks them FOR UPDATE).
+SELECT key FROM akadze.limits WHERE key = ANY (%(keys)s::text[]) FOR UPDATE;
+
+-- name: fault_worker_jobs
+-- The running jobs of one worker, and their fencing tokens.
+SELECT id, run_count FROM akadze.jobs WHERE worker_id = %(worker_id)s AND state = 'running';
+
+-- name: fault_jobs_moved_on
+-- How many of these (id, run_count) runs were replaced: the job is no longer in
+-- that run (rescued, and possibly claimed again by another worker).
+SELECT count(*) FILTER (WHERE NOT (j.state = 'running' AND j.run_count = r.rc)),
+       count(*) FILTER (WHERE j.run_count > r.rc AND j.worker_id IS DISTINCT FROM %(worker_id)s)
+FROM akadze.jobs j
+JOIN unnest(%(ids)s::bigint[], %(run_counts)s::int[]) AS r(id, rc) ON r.id = j.id;
+
+-- name: fault_probe_insert
+INSERT INTO akadze.jobs (queue, task, max_attempts) VALUES (%(queue)s, 'fault.probe', 1)
+RETURNING id;
+
+-- name: fault_probe_finish
+UPDATE akadze.jobs SET state = 'succeeded', finished_at = now()
+WHERE id = ANY (%(ids)s::bigint[]) AND state = 'running';
+
+-- name: fault_table_stats
+-- Size and dead tuples of the jobs table and its indexes.
+SELECT pg_relation_size('akadze.jobs'),
+       pg_indexes_size('akadze.jobs'),
+       coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),
+       (SELECT count(*) FROM akadze.jobs WHERE state = 'queued')
+FROM pg_stat_user_tables s
+WHERE s.relid = 'akadze.jobs'::regclass;
+
+-- name: fault_long_snapshot
+-- A REPEATABLE READ transaction takes its snapshot at its first statement; while it
+-- stays open, vacuum cannot remove the rows that died after it.
+SELECT count(*) FROM akadze.jobs;
+
+-- name: soak_stats
+-- The jobs table over a soak: sizes (heap, every index, the ready index alone),
+-- live and dead tuples, autovacuum runs, and the jobs per state.
+SELECT pg_relation_size('akadze.jobs'),
+       pg_indexes_size('akadze.jobs'),
+       pg_relation_size('akadze.jobs_ready_idx'),
+       coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),
+       coalesce(s.autovacuum_count, 0) + coalesce(s.vacuum_count, 0),
+       (SELECT count(*) FROM akadze.jobs WHERE state IN ('succeeded', 'failed', 'cancelled')),
+       (SELECT count(*) FROM akadze.jobs WHERE state = 'queued'),
+       (SELECT count(*) FROM akadze.jobs WHERE state = 'running')
+FROM pg_stat_user_tables s
+WHERE s.relid = 'akadze.jobs'::regclass;
