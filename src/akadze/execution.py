@@ -40,6 +40,8 @@ logger = logging.getLogger("akadze.worker")
 
 #: Most finishes written by one statement.
 MAX_BATCH = 5_000
+#: Seconds a graceful stop spends writing the last outcomes.
+FINAL_FLUSH_TIMEOUT = 5.0
 
 
 @dataclass(slots=True, eq=False)
@@ -73,6 +75,9 @@ class Execution:
     _trouble: Trouble
     _executor: ThreadPoolExecutor | None
     _listener: Listener | None
+    _stopping: bool
+    _registered: asyncio.Event
+    shutdown_timeout: float
 
     if TYPE_CHECKING:  # provided by Worker
 
@@ -87,6 +92,8 @@ class Execution:
         def sync_connection(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
 
         async def _wait(self, event: asyncio.Event, seconds: float) -> None: ...
+
+        def _wake_all(self) -> None: ...
 
     # -- running -------------------------------------------------------------------------
 
@@ -390,9 +397,58 @@ class Execution:
                 del self._pending[: len(batch)]
                 self._report_written(batch, accepted, False)
 
+    # -- shutdown ------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        self._stopping = True
+        self._wake_all()
+        loop = asyncio.get_running_loop()
+        if self._running and not self._force.is_set():
+            deadline = loop.time() + self.shutdown_timeout
+            logger.info("worker %s: waiting up to %g s for %d running job%s",
+                        self.worker_id, self.shutdown_timeout, len(self._running),
+                        "" if len(self._running) == 1 else "s")
+            while self._running and not self._force.is_set():
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                tasks = {run.aio for run in self._running.values() if run.aio is not None}
+                force = asyncio.ensure_future(self._force.wait())
+                await asyncio.wait({*tasks, force}, timeout=left,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                force.cancel()
+        unfinished = [run for run in self._running.values() if not run.recorded]
+        if unfinished:
+            logger.warning("worker %s: giving back %d unfinished job%s: %s", self.worker_id,
+                           len(unfinished), "" if len(unfinished) == 1 else "s",
+                           ", ".join(str(run.job.id) for run in unfinished))
+        for run in unfinished:
+            self._abandon(run, outcomes.given_back(run.job), "give_back")
+        cancelled = [run.aio for run in self._running.values()
+                     if run.aio is not None and run.task.is_async]
+        if cancelled:
+            await asyncio.wait(cancelled, timeout=1.0)
+        try:
+            async with asyncio.timeout(2.0 if self._force.is_set() else FINAL_FLUSH_TIMEOUT):
+                while self._pending:
+                    await self._flush_everything(raise_errors=False)
+                    if self._pending:
+                        await asyncio.sleep(0.1)
+                if self._registered.is_set():
+                    async with self.async_connection() as conn:
+                        await leases.unregister(conn, self.worker_id)
+        except Exception as exc:
+            if self._pending:
+                logger.error(
+                    "worker %s: could not write %d outcome%s before stopping (%s); those "
+                    "jobs will be rescued when the lease expires", self.worker_id,
+                    len(self._pending), "" if len(self._pending) == 1 else "s",
+                    first_line(exc) if not isinstance(exc, TimeoutError) else "timed out")
+            else:
+                logger.warning("worker %s: could not unregister: %s", self.worker_id,
+                               first_line(exc))
+
 
 async def _quietly(future: asyncio.Future[Any]) -> None:
     with suppress(BaseException):
         await future
-
-

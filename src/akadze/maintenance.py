@@ -14,7 +14,10 @@ too).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -24,6 +27,7 @@ import psycopg
 from . import queries, retention, schedules
 from .hooks import call_transition_hooks
 from .jobs import ClaimedJob
+from .resilience import Trouble
 
 if TYPE_CHECKING:
     from .app import Akadze
@@ -104,3 +108,59 @@ async def run_round(
     finally:
         if not conn.closed and not conn.broken:
             await conn.execute(queries.get("maintenance_unlock"))
+
+
+#: How often the maintenance round is tried, and how often it prunes.
+MAINTENANCE_EVERY = 1.0
+PRUNE_EVERY = 60.0
+
+
+class MaintenanceLoop:
+    """The worker's part in cluster maintenance (mixed into Worker)."""
+
+    app: Akadze
+    lease: float
+    _stopping: bool
+    _registered: asyncio.Event
+    _trouble: Trouble
+    _random: random.Random
+
+    if TYPE_CHECKING:  # provided by Worker
+
+        def sql_now(self) -> datetime | None: ...
+
+        def _wall_now(self) -> datetime: ...
+
+        def async_connection(
+            self,
+        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+        async def _sleep(self, seconds: float) -> None: ...
+
+    # -- maintenance ---------------------------------------------------------------------
+
+    async def _maintenance_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_prune = loop.time()
+        await self._registered.wait()
+        while not self._stopping:
+            prune = loop.time() - last_prune >= PRUNE_EVERY
+            try:
+                async with self.async_connection() as conn:
+                    try:
+                        done = await run_round(
+                            conn, self.app, now=self._wall_now(), sql_now=self.sql_now(),
+                            orphan_grace=self.lease, prune=prune,
+                        )
+                    except BaseException:
+                        await conn.close()  # never return a connection holding the lock
+                        raise
+            except Exception as exc:
+                self._trouble.failed("maintenance", exc, MAINTENANCE_EVERY)
+            else:
+                self._trouble.recovered("maintenance")
+                if done is not None and prune:
+                    last_prune = loop.time()
+                if done is not None and done.pruned:
+                    logger.info("pruned %d finished jobs", done.pruned)
+            await self._sleep(MAINTENANCE_EVERY * self._random.uniform(0.8, 1.2))

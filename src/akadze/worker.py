@@ -39,12 +39,13 @@ import psycopg_pool
 from . import backoff, leases, maintenance, outcomes, queries
 from .claim import claim
 from .clock import SystemClock
-from .database import describe, mask_password
+from .database import describe
 from .errors import ConfigurationError, WorkerError
 from .execution import Execution, _Run
 from .jobs import ClaimedJob
 from .leases import LeaseKeeping
-from .resilience import Trouble, first_line, is_transient
+from .maintenance import MaintenanceLoop
+from .resilience import Trouble, is_transient
 from .wakeup import Listener
 
 if TYPE_CHECKING:
@@ -53,15 +54,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("akadze.worker")
 
-#: Most finishes written by one statement.
-MAX_BATCH = 5_000
 #: Cap on a claim-loop's wait after a notification, to batch a burst of enqueues.
 DEBOUNCE = 0.002
-#: How often the maintenance round is tried, and how often it prunes.
-MAINTENANCE_EVERY = 1.0
-PRUNE_EVERY = 60.0
-#: Statement timeout of heartbeats (fraction of the lease) and of the final writes.
-FINAL_FLUSH_TIMEOUT = 5.0
 
 
 @dataclass
@@ -83,7 +77,7 @@ def _seconds(value: timedelta | float, name: str) -> float:
     return float(seconds)
 
 
-class Worker(Execution, LeaseKeeping):
+class Worker(Execution, LeaseKeeping, MaintenanceLoop):
     """Claims and runs the jobs of ``queues``.
 
     ``slots``: jobs run at once per queue. ``fair``: fair claim order across
@@ -582,85 +576,6 @@ class Worker(Execution, LeaseKeeping):
         # at pending cancellations, once.
         self._wake_all()
         self._cancel_poll_now.set()
-
-    # -- maintenance ---------------------------------------------------------------------
-
-    async def _maintenance_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        last_prune = loop.time()
-        await self._registered.wait()
-        while not self._stopping:
-            prune = loop.time() - last_prune >= PRUNE_EVERY
-            try:
-                async with self.async_connection() as conn:
-                    try:
-                        done = await maintenance.run_round(
-                            conn, self.app, now=self._wall_now(), sql_now=self.sql_now(),
-                            orphan_grace=self.lease, prune=prune,
-                        )
-                    except BaseException:
-                        await conn.close()  # never return a connection holding the lock
-                        raise
-            except Exception as exc:
-                self._trouble.failed("maintenance", exc, MAINTENANCE_EVERY)
-            else:
-                self._trouble.recovered("maintenance")
-                if done is not None and prune:
-                    last_prune = loop.time()
-                if done is not None and done.pruned:
-                    logger.info("pruned %d finished jobs", done.pruned)
-            await self._sleep(MAINTENANCE_EVERY * self._random.uniform(0.8, 1.2))
-
-    # -- shutdown ------------------------------------------------------------------------
-
-    async def _shutdown(self) -> None:
-        self._stopping = True
-        self._wake_all()
-        loop = asyncio.get_running_loop()
-        if self._running and not self._force.is_set():
-            deadline = loop.time() + self.shutdown_timeout
-            logger.info("worker %s: waiting up to %g s for %d running job%s",
-                        self.worker_id, self.shutdown_timeout, len(self._running),
-                        "" if len(self._running) == 1 else "s")
-            while self._running and not self._force.is_set():
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                tasks = {run.aio for run in self._running.values() if run.aio is not None}
-                force = asyncio.ensure_future(self._force.wait())
-                await asyncio.wait({*tasks, force}, timeout=left,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                force.cancel()
-        unfinished = [run for run in self._running.values() if not run.recorded]
-        if unfinished:
-            logger.warning("worker %s: giving back %d unfinished job%s: %s", self.worker_id,
-                           len(unfinished), "" if len(unfinished) == 1 else "s",
-                           ", ".join(str(run.job.id) for run in unfinished))
-        for run in unfinished:
-            self._abandon(run, outcomes.given_back(run.job), "give_back")
-        cancelled = [run.aio for run in self._running.values()
-                     if run.aio is not None and run.task.is_async]
-        if cancelled:
-            await asyncio.wait(cancelled, timeout=1.0)
-        try:
-            async with asyncio.timeout(2.0 if self._force.is_set() else FINAL_FLUSH_TIMEOUT):
-                while self._pending:
-                    await self._flush_everything(raise_errors=False)
-                    if self._pending:
-                        await asyncio.sleep(0.1)
-                if self._registered.is_set():
-                    async with self.async_connection() as conn:
-                        await leases.unregister(conn, self.worker_id)
-        except Exception as exc:
-            if self._pending:
-                logger.error(
-                    "worker %s: could not write %d outcome%s before stopping (%s); those "
-                    "jobs will be rescued when the lease expires", self.worker_id,
-                    len(self._pending), "" if len(self._pending) == 1 else "s",
-                    first_line(exc) if not isinstance(exc, TimeoutError) else "timed out")
-            else:
-                logger.warning("worker %s: could not unregister: %s", self.worker_id,
-                               mask_password(first_line(exc)))
 
 
 __all__ = ["Worker", "is_transient"]
