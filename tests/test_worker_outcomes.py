@@ -280,3 +280,19 @@ def test_worker_settings_are_checked(app: Akadze) -> None:
     with pytest.raises(ConfigurationError, match="queues"):
         Worker(app, queues=[])
     assert Worker(app).queues == ["default"]
+
+
+async def test_an_injected_clock_is_the_time_the_worker_claims_and_finishes_with(
+    app: Akadze, conn: psycopg.Connection[Any]
+) -> None:
+    from akadze.clock import ManualClock
+
+    @app.task("t")
+    async def t() -> None:
+        return None
+
+    later = datetime.now(UTC) + timedelta(hours=2)
+    job_id = insert_job(conn, "t", run_at=datetime.now(UTC) + timedelta(hours=1))
+    async with Worker(app, poll_interval=0.05, clock=ManualClock(later)):
+        row = await wait_state(conn, job_id, "succeeded")
+    assert row["finished_at"] == later
