@@ -206,9 +206,11 @@ class Audit:
     rerun_jobs: int  # jobs run more than once beyond their injected failure
     violations: int
     max_over: int
-    rate_violations: int
+    rate_violations: int  # windows over max_starts by the claims' clock (started_at)
     rate_max_over: int
+    commit_rate_violations: int  # the same by commit time
     error_kinds: list[tuple[str, str, int]]
+    details: list[str] = field(default_factory=list)
 
     @property
     def succeeded(self) -> int:
@@ -228,9 +230,17 @@ def audit(conn: Conn) -> Audit:
     assert v is not None and r is not None
     kinds = [(str(a), str(b), int(c)) for a, b, c in conn.execute(
         queries.get("fault_error_kinds"))]
+    details = [f"over max_running: key {k} running {n} > {m} (job {j}) at {at}"
+               for k, n, m, j, at in conn.execute(queries.get("fault_violation_details"))]
+    if int(r[0]):
+        worst = conn.execute(queries.get("fault_start_violation_details")).fetchall()
+        details.append(
+            f"worst start-rate window: key {worst[0][0]}, {worst[0][4]} starts; commit lag "
+            "of each (committed_at - started_at): "
+            + ", ".join(f"{lag.total_seconds() * 1000:.0f} ms" for _, _, lag, _, _ in worst))
     n = [int(x) for x in row]
     return Audit(states, n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], n[9], n[10],
-                 n[11], int(v[0]), int(v[1]), int(r[0]), int(r[1]), kinds)
+                 n[11], int(v[0]), int(v[1]), int(r[0]), int(r[1]), int(r[2]), kinds, details)
 
 
 def log_counts(text: str) -> Counter[str]:

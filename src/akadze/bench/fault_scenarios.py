@@ -42,6 +42,7 @@ class Options:
     seed: int = 1
     lease: float = 2.5
     recovery_timeout: float = 120.0
+    fault_seconds: float = 8.0  # how long the timed faults last (terminate, timeouts)
     logdir: Path = Path("/tmp")
 
 
@@ -51,7 +52,7 @@ class Context:
     options: Options
     rng: random.Random
     url: str
-    server: PrivateServer
+    server: PrivateServer | None
     cluster: Cluster
     monitor: Monitor
     notes: list[str] = field(default_factory=list)
@@ -145,7 +146,7 @@ def kill9(ctx: Context) -> None:
 def terminate(ctx: Context) -> None:
     """pg_terminate_backend on random worker connections (claims, outcome writes,
     heartbeats, LISTEN), for a while."""
-    ends = time.monotonic() + 8.0
+    ends = time.monotonic() + ctx.options.fault_seconds
     kinds: Counter[str] = Counter()
     with ctx.connect() as conn:
         while time.monotonic() < ends:
@@ -164,6 +165,8 @@ def terminate(ctx: Context) -> None:
 def restart(ctx: Context) -> None:
     """The server restarted under load: fast shutdown, then immediate (crash
     recovery), then fast again."""
+    if ctx.server is None:
+        raise ValueError("the restart scenario needs a private server")
     for mode in ("fast", "immediate", "fast"):
         time.sleep(ctx.rng.uniform(1.5, 2.5))
         down = ctx.server.restart(mode, down=ctx.rng.uniform(0.5, 1.5))
@@ -175,7 +178,7 @@ def timeouts(ctx: Context) -> None:
     """Another session holds limits rows (FOR UPDATE) in bursts while the workers run
     with tiny lock_timeout / statement_timeout settings: claims time out inside."""
     keys = ["run2a", "run2b", "run3", "rate20", "rate15", "both"]
-    ends = time.monotonic() + 8.0
+    ends = time.monotonic() + ctx.options.fault_seconds
     holds = 0
     with ctx.connect() as conn:
         while time.monotonic() < ends:
@@ -248,8 +251,8 @@ def sigstop(ctx: Context) -> None:
 
 def long_txn(ctx: Context) -> None:
     """A REPEATABLE READ transaction holds its snapshot while the queue churns: vacuum
-    cannot clean. Throughput, claim time (a probe) and dead tuples before, during and
-    after it."""
+    cannot clean. Throughput, claim time (a probe claiming one job) and dead tuples
+    before, during and after it."""
     stop = threading.Event()
     produced = [0]
     producer = threading.Thread(target=_produce, args=(ctx, stop, produced), daemon=True)
@@ -303,14 +306,22 @@ def _produce(ctx: Context, stop: threading.Event, produced: list[int]) -> None:
             stop.wait(0.2)
 
 
+def scenario(name: str) -> Scenario:
+    for found in SCENARIOS:
+        if found.name == name:
+            return found
+    raise KeyError(name)
+
+
 def _probe(conn: Conn) -> float:
-    """ms of one claim of one probe job on the churning queue."""
-    row = conn.execute(queries.get("fault_probe_insert"), {"queue": QUEUE}).fetchone()
-    assert row is not None
+    """ms of one claim of one job on the churning queue; the probe then finishes the
+    job as the task would (fenced), so the audit still holds."""
     began = time.perf_counter()
-    got = claim(conn, queue=QUEUE, slots=1, tasks=["fault.probe"], worker_id="fault-probe")
+    got = claim(conn, queue=QUEUE, slots=1, worker_id="fault-probe")
     ms = (time.perf_counter() - began) * 1000
-    conn.execute(queries.get("fault_probe_finish"), {"ids": [j.id for j in got] or [row[0]]})
+    for job in got:
+        conn.execute(queries.get("fault_probe_complete"),
+                     {"id": job.id, "run_count": job.run_count})
     return ms
 
 
@@ -340,10 +351,15 @@ SCENARIOS = (
 SCENARIO_NAMES = [s.name for s in SCENARIOS]
 
 
-def run_scenario(scenario: Scenario, options: Options, server: PrivateServer,
+def run_scenario(scenario: Scenario, options: Options, server: PrivateServer | str,
                  say: Callable[[str], None] = lambda _: None) -> ScenarioResult:
+    """Run one scenario in a scratch database of ``server``: a private server, or the
+    admin URL of another (every scenario but ``restart``, which stops the server)."""
     rng = random.Random(f"{scenario.name}:{options.seed}")
-    admin_url = server.admin_url()
+    if isinstance(server, str):
+        admin_url, private = server, None
+    else:
+        admin_url, private = server.admin_url(), server
     name = f"akadze_fault_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -361,7 +377,7 @@ def run_scenario(scenario: Scenario, options: Options, server: PrivateServer,
         cluster = Cluster(url, logdir, workers=options.workers, slots=options.slots,
                           lease=options.lease,
                           urls=scenario.urls(url, options.workers) if scenario.urls else {})
-        ctx = Context(scenario.name, options, rng, url, server, cluster, monitor,
+        ctx = Context(scenario.name, options, rng, url, private, cluster, monitor,
                       expected=expected)
         began = time.monotonic()
         cluster.start_all()

@@ -19,8 +19,6 @@ from typing import Any
 import click
 import psycopg
 
-from ..cli.options import print_table
-from .claims import host_details
 from .fault_scenarios import SCENARIO_NAMES, SCENARIOS, Options, ScenarioResult, run_scenario
 from .fault_server import private_server
 
@@ -108,6 +106,11 @@ def report_text(host: dict[str, str], options: Options, results: Sequence[Scenar
         parts.append(f"- worker processes started {r.started_processes}, died unplanned "
                      f"{r.unplanned_deaths}; worker logs: " + (", ".join(
                          f"{k} {n}" for k, n in sorted(r.logs.items())) or "nothing notable"))
+        if a.commit_rate_violations != a.rate_violations:
+            parts.append(f"- start-rate windows over max_starts: {a.rate_violations} by the "
+                         f"claims' clock (started_at), {a.commit_rate_violations} by commit "
+                         "time")
+        parts += [f"- {detail}" for detail in a.details]
         if a.error_kinds:
             parts.append("- other recorded errors: " + "; ".join(
                 f"{n}x {kind}: {msg}" for kind, msg, n in a.error_kinds))
@@ -126,6 +129,8 @@ def run_all(names: Sequence[str], options: Options,
     results = []
     began = time.monotonic()
     echo = say or (lambda m: click.echo(m, err=True))
+    from .claims import host_details  # imports the CLI, which imports this module
+
     with private_server() as server:
         with psycopg.connect(server.admin_url(), autocommit=True) as conn:
             host = host_details(conn)
@@ -150,6 +155,8 @@ def run_all(names: Sequence[str], options: Options,
 def command(names: tuple[str, ...], seed: int, jobs: int, workers: int, slots: int,
             lease: float, report: Path | None, logs: Path | None) -> None:
     """Run the fault scenarios on a private PostgreSQL server and audit every promise."""
+    from ..cli.options import print_table  # the CLI imports this module
+
     with tempfile.TemporaryDirectory(prefix="akadze-fault-logs-") as tmp:
         logdir = logs or Path(tmp)
         logdir.mkdir(parents=True, exist_ok=True)

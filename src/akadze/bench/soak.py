@@ -31,8 +31,6 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from .. import queries
-from ..cli.options import print_table
-from .claims import host_details
 from .fault_cluster import Cluster
 from .fault_harness import Audit, Monitor, Workload, audit, enqueue_workload, prepare
 from .fault_server import private_server
@@ -94,6 +92,8 @@ def _produce(url: str, stop: threading.Event, monitor: Monitor, seed: int,
 def run_soak(minutes: float, workers: int, slots: int, interval: float, seed: int,
              logdir: Path, say: Any = None) -> tuple[dict[str, str], SoakResult]:
     echo = say or (lambda m: click.echo(m, err=True))
+    from .claims import host_details  # imports the CLI, which imports this module
+
     result = SoakResult(minutes, workers, slots)
     with private_server() as server:
         admin_url = server.admin_url()
@@ -216,6 +216,8 @@ def report_text(host: dict[str, str], result: SoakResult) -> str:
 def command(minutes: float, workers: int, slots: int, interval: float, seed: int,
             report: Path | None) -> None:
     """Run workers for --minutes on a mixed workload; report drift, bloat and memory."""
+    from ..cli.options import print_table  # the CLI imports this module
+
     with tempfile.TemporaryDirectory(prefix="akadze-soak-logs-") as tmp:
         host, result = run_soak(minutes, workers, slots, interval, seed, Path(tmp))
     print_table("soak", COLUMNS, rows(result))

@@ -127,12 +127,15 @@ GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 10;
 -- name: fault_violations
 SELECT count(*), coalesce(max(running - max_running), 0) FROM akadze_fault.violations;
 
+-- name: fault_violation_details
+SELECT key, running, max_running, job_id, at FROM akadze_fault.violations ORDER BY at LIMIT 5;
+
 -- name: fault_start_violations
--- Windows over the claims' own clock (started_at) in which a rate-limited key
--- started more jobs than max_starts: for each start, the starts of its key in the
--- window that ends with it.
-SELECT count(*), coalesce(max(n - max_starts), 0)
-FROM (
+-- Windows in which a rate-limited key started more jobs than max_starts: for each
+-- start, the starts of its key in the window that ends with it. By the claims' own
+-- clock (started_at, what the claim counts with) and by the moment the starts
+-- became visible (the commit).
+WITH by_clock AS (
     SELECT s.key, s.job_id, s.run_count, l.max_starts, count(*) AS n
     FROM akadze_fault.starts s
     JOIN akadze.limits l ON l.key = s.key AND l.max_starts IS NOT NULL
@@ -141,7 +144,41 @@ FROM (
      AND t.started_at <= s.started_at
     GROUP BY s.key, s.job_id, s.run_count, l.max_starts
     HAVING count(*) > l.max_starts
-) over_rate;
+), by_commit AS (
+    SELECT s.key, s.job_id, s.run_count, l.max_starts, count(*) AS n
+    FROM akadze_fault.starts s
+    JOIN akadze.limits l ON l.key = s.key AND l.max_starts IS NOT NULL
+    JOIN akadze_fault.starts t
+      ON t.key = s.key AND t.committed_at > s.committed_at - l."window"
+     AND t.committed_at <= s.committed_at
+    GROUP BY s.key, s.job_id, s.run_count, l.max_starts
+    HAVING count(*) > l.max_starts
+)
+SELECT (SELECT count(*) FROM by_clock), (SELECT coalesce(max(n - max_starts), 0) FROM by_clock),
+       (SELECT count(*) FROM by_commit),
+       (SELECT coalesce(max(n - max_starts), 0) FROM by_commit);
+
+-- name: fault_start_violation_details
+-- The worst window by the claims' clock: its starts, with how late each claim
+-- committed after its clock.
+WITH worst AS (
+    SELECT s.key, s.started_at, count(*) AS n
+    FROM akadze_fault.starts s
+    JOIN akadze.limits l ON l.key = s.key AND l.max_starts IS NOT NULL
+    JOIN akadze_fault.starts t
+      ON t.key = s.key AND t.started_at > s.started_at - l."window"
+     AND t.started_at <= s.started_at
+    GROUP BY s.key, s.started_at, l.max_starts
+    HAVING count(*) > l.max_starts
+    ORDER BY count(*) - l.max_starts DESC, s.started_at
+    LIMIT 1
+)
+SELECT t.key, t.started_at, t.committed_at - t.started_at AS commit_lag, t.job_id, w.n
+FROM worst w
+JOIN akadze.limits l ON l.key = w.key
+JOIN akadze_fault.starts t
+  ON t.key = w.key AND t.started_at > w.started_at - l."window" AND t.started_at <= w.started_at
+ORDER BY t.started_at;
 
 -- name: fault_backends
 -- The akadze worker connections to this database (claims, outcomes, LISTEN).
@@ -169,13 +206,17 @@ SELECT count(*) FILTER (WHERE NOT (j.state = 'running' AND j.run_count = r.rc)),
 FROM akadze.jobs j
 JOIN unnest(%(ids)s::bigint[], %(run_counts)s::int[]) AS r(id, rc) ON r.id = j.id;
 
--- name: fault_probe_insert
-INSERT INTO akadze.jobs (queue, task, max_attempts) VALUES (%(queue)s, 'fault.probe', 1)
-RETURNING id;
-
--- name: fault_probe_finish
-UPDATE akadze.jobs SET state = 'succeeded', finished_at = now()
-WHERE id = ANY (%(ids)s::bigint[]) AND state = 'running';
+-- name: fault_probe_complete
+-- The probe claims real jobs of the workload and finishes them as the task would
+-- (an effect row for a complete_tx job, the run in the result), fenced.
+WITH done AS (
+    UPDATE akadze.jobs SET state = 'succeeded', finished_at = now(),
+           result = jsonb_build_object('rc', run_count, 'w', 'fault-probe')
+    WHERE id = %(id)s AND run_count = %(run_count)s AND state = 'running'
+    RETURNING id, run_count, (args ->> 'tx')::boolean AS tx
+)
+INSERT INTO akadze_fault.effects (job_id, run_count, worker)
+SELECT id, run_count, 'fault-probe' FROM done WHERE tx;
 
 -- name: fault_table_stats
 -- Size and dead tuples of the jobs table and its indexes.
