@@ -24,6 +24,7 @@ from akadze.planner import (
     first_window,
     headroom,
     plan,
+    prune,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -105,6 +106,7 @@ def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Ke
         assert 0 < decision.window <= MAX_WINDOW
         excluded = decision.exclude
         window = decision.window
+        rows = prune(rows, known_room, excluded)
         reads += 1
         after = [e for e in index if (pos is None or e.row.position > pos)
                  and e.row.key not in excluded]

@@ -100,7 +100,7 @@ def begin(request: Request) -> Generator[Step, Any, tuple[datetime, bool]]:
 
 
 def cancel_due(request: Request, now: datetime) -> Generator[Step, Any, list[ClaimedJob]]:
-    rows = yield Statement(queries.get("claim_cancel_due"), request.params(now), prepare=False)
+    rows = yield Statement(queries.get("claim_cancel_due"), request.params(now))
     return [_job(r) for r in rows]
 
 
@@ -109,7 +109,7 @@ def take(
 ) -> Generator[Step, Any, list[ClaimedJob]]:
     """Take the planned rows (those still free); returned in the order of ``ids``."""
     params = {**request.params(now), "ids": list(ids), "worker_id": request.worker_id}
-    rows = yield Statement(queries.get("claim_take"), params, prepare=False)
+    rows = yield Statement(queries.get("claim_take"), params)
     by_id = {job.id: job for job in map(_job, rows)}
     return [by_id[i] for i in ids if i in by_id]
 
@@ -165,7 +165,7 @@ def oracle_steps(request: Request) -> Steps:
 _HEAD_PRIORITY = 32768
 # The skip scan that lists a queue's groups stops after this many keys; below
 # it, the claim reads per group instead of filtering the queue.
-GROUP_SCAN_BOUND = 64
+GROUP_SCAN_BOUND = 32
 # ... and it is tried only when the rows read so far show at most this many keys
 # (a queue that shows many keys in its head rarely has few in total).
 GROUP_SCAN_TRY = 16
@@ -292,13 +292,18 @@ def _load_state(
     new = [k for k in need.keys
            if k not in known.locked and k not in known.held and k not in known.unlimited]
     if new:
-        if not known.locked:
-            # Nothing held yet: this is the one lock of the claim that may wait.
-            yield Statement(queries.get("claim_lock_first"), {"keys": new})
         rows = yield Statement(queries.get("claim_lock"), {"keys": new})
-        limited = set()
-        for key, locked in rows:
-            limited.add(key)
+        limited = {key: bool(locked) for key, locked in rows}
+        held_before = bool(known.locked)
+        if not held_before and limited and not any(limited.values()):
+            # Every limited key we met is held by another claim and we hold no
+            # limits row (and no job) yet: this is the one lock of the claim
+            # that may wait, on the first such key in queue order.
+            first = next(k for k in new if k in limited)
+            got = yield Statement(queries.get("claim_lock_first"), {"keys": [first]})
+            if got:
+                limited[first] = True
+        for key, locked in limited.items():
             (known.locked if locked else known.held).add(key)
         known.unlimited.update(k for k in new if k not in limited)
     for key in need.keys:
@@ -356,6 +361,7 @@ def windowed_steps(request: Request) -> Steps:
                     continue  # plan again: fair groups may need their busy counts
             reading.window = decision.window
             reading.excluded = decision.exclude
+            reading.rows = planner.prune(reading.rows, known.room, reading.excluded)
             if reading.universe is not None:
                 yield from _read_groups(request, now, reading, decision.window, decision.exclude)
             else:

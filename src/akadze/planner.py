@@ -38,6 +38,7 @@ __all__ = [
     "first_window",
     "headroom",
     "plan",
+    "prune",
 ]
 
 # A group key: a limit_key, or None for the group of jobs without one.
@@ -193,6 +194,24 @@ def _eligible(view: View) -> tuple[list[Row], Counter[str]]:
 def _exhausted(view: View, seen: Counter[str]) -> set[Key]:
     """Limited keys none of whose unread rows can be eligible."""
     return {key for key, room in view.headroom.items() if seen[key] >= room}
+
+
+def prune(rows: Sequence[Row], room: Mapping[str, int], excluded: Collection[Key]) -> list[Row]:
+    """The rows that can still matter: drops the rows of excluded limited keys
+    past their headroom. Such a row is not eligible, and nothing else reads it:
+    eligibility numbers a key's rows from its first, so the rows before it keep
+    their numbers, and an excluded key stays excluded. Keeps a long claim from
+    planning over every blocked row again and again."""
+    seen: Counter[str] = Counter()
+    kept: list[Row] = []
+    for row in rows:
+        key = row.key
+        if key is not None and key in excluded and key in room:
+            seen[key] += 1
+            if seen[key] > room[key]:
+                continue
+        kept.append(row)
+    return kept
 
 
 def plan(view: View) -> Decision:

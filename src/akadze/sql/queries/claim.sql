@@ -233,9 +233,11 @@ JOIN akadze.jobs j ON j.id = c.id
 ORDER BY c.priority DESC, c.run_at, c.id
 
 -- name: claim_lock_first
--- The first limits lock of a claim, the only one that may wait: the claim holds
--- no limits row yet (and no job row), so waiting here cannot close a cycle.
--- It locks the first limited key in the order the claim met the keys.
+-- The only lock of a claim that may wait. Used when claim_lock found every
+-- limited key it tried held by other claims while this claim holds no limits
+-- row and no job row yet: waiting then cannot close a cycle (we hold nothing
+-- anyone could wait for), and the claim makes progress on a hot key instead of
+-- coming back empty. The caller passes the first such key in queue order.
 SELECT l.key
 FROM akadze.limits l
 WHERE l.key = ANY (%(keys)s::text[])
