@@ -176,3 +176,14 @@ def test_bad_usage_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     result = subprocess.run([sys.executable, "-m", "akadze", "jobs", "show", "abc"],
                             capture_output=True, text=True, check=False, timeout=60)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["jobs", "list"], ["jobs", "show", "1"], ["queues", "list"],
+                                  ["queues", "pause", "q"], ["workers", "list"], ["metrics"]])
+def test_database_without_schema_is_one_line_exit_1(
+    argv: list[str], empty_database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, *argv, "--database-url", empty_database_url)
+    assert code == 1 and out == ""
+    assert err.strip() == ("akadze: the database has no akadze schema (or an older one): "
+                           "run akadze migrate")
