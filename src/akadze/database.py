@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit
 
 import psycopg
 
@@ -47,7 +47,16 @@ def normalize_url(url: str) -> str:
     url = url.strip()
     if "://" not in url and "=" in url:
         return url  # a libpq key=value conninfo string: libpq checks it when connecting
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if any(not ch.isprintable() or ch.isspace() for ch in host):
+            raise ValueError("the host name has a control or space character")
+        host.encode("idna")  # what the resolver will need
+    except (ValueError, UnicodeError) as exc:  # a bracket left open, a bad host...
+        raise ConfigurationError(
+            f"database URL {mask_password(url)!r} is malformed ({mask_password(str(exc))})"
+        ) from None
     scheme = parts.scheme.lower()
     if scheme not in _SCHEMES:
         shown = mask_password(url)
@@ -55,7 +64,9 @@ def normalize_url(url: str) -> str:
             f"database URL {shown!r} is not a PostgreSQL URL "
             "(expected postgresql://user@host:port/dbname)"
         )
-    return urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, parts.fragment))
+    # Only the scheme changes: urlunsplit would drop the "//" of an empty host
+    # ("postgresql://" means every libpq default), turning the URL into nonsense.
+    return "postgresql" + url[len(parts.scheme):]
 
 
 def sqlalchemy_url(url: str) -> str:
