@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 import click
+import psycopg
 
 from ..database import mask_password
 from ..errors import AkadzeError
@@ -55,6 +56,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AkadzeError as exc:
         click.echo(f"akadze: {_one_line(str(exc))}", err=True)
         code = getattr(exc, "exit_code", EXIT_USAGE)
+    except psycopg.Error as exc:  # a database problem no command turned into its own error
+        missing = isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName)
+        hint = " (no akadze schema there? run `akadze migrate`)" if missing else ""
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        click.echo(f"akadze: database error: {_one_line(first)}{hint}", err=True)
+        code = EXIT_FAILURE
     except KeyboardInterrupt:
         code = 130
     if code is None:
