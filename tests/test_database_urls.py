@@ -44,6 +44,11 @@ def test_resolve_prefers_explicit_then_environment() -> None:
     assert resolve_url(None, env) == "postgresql://env@h/db"
 
 
+def test_explicit_empty_url_is_refused_not_ignored() -> None:
+    with pytest.raises(ConfigurationError, match="empty"):
+        resolve_url("", {"AKADZE_DATABASE_URL": "postgresql://env@h/db"})
+
+
 def test_sqlalchemy_url_uses_psycopg_driver() -> None:
     assert sqlalchemy_url("postgres://u:p@h/db") == "postgresql+psycopg://u:p@h/db"
 

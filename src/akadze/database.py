@@ -80,8 +80,8 @@ def sqlalchemy_url(url: str) -> str:
 def resolve_url(url: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """The database URL to use: the explicit one, else ``AKADZE_DATABASE_URL``, else the
     embedded server (when the ``embedded`` extra is installed)."""
-    if url:
-        return normalize_url(url)
+    if url is not None:
+        return normalize_url(url)  # an explicit empty URL is refused, not ignored
     environ = os.environ if env is None else env
     from_env = environ.get(ENV_URL)
     if from_env:
