@@ -197,22 +197,6 @@ class _Known:
     busy: dict[str | None, int]
 
 
-def _skip_clause(exclude: frozenset[str | None]) -> sql.Composed:
-    """Conditions leaving out the excluded keys, as literals (see claim_window)."""
-    parts: list[sql.Composable] = []
-    if None in exclude:
-        parts.append(sql.SQL("AND c.limit_key IS NOT NULL"))
-    keys = sorted(k for k in exclude if k is not None)
-    if keys:
-        literal = sql.Literal(keys)
-        if None in exclude:
-            parts.append(sql.SQL("AND c.limit_key <> ALL ({}::text[])").format(literal))
-        else:
-            parts.append(sql.SQL("AND (c.limit_key IS NULL OR c.limit_key <> ALL ({}::text[]))")
-                         .format(literal))
-    return sql.SQL(" ").join(parts)
-
-
 def _after_params(after: Position | None, now: datetime) -> dict[str, object]:
     if after is None:
         return {"after_priority": _HEAD_PRIORITY, "after_run_at": now, "after_id": 0}
@@ -228,10 +212,11 @@ def _read_window(
     request: Request, now: datetime, reading: _Reading, window: int,
     exclude: frozenset[str | None],
 ) -> Steps0:
-    skip = _skip_clause(exclude)
-    query = queries.get("claim_window").format(skip=skip)
-    params = {**request.params(now), **_after_params(reading.after, now), "window": window}
-    rows = yield Statement(query, params, prepare=False if exclude else None)
+    params = {
+        **request.params(now), **_after_params(reading.after, now), "window": window,
+        "skip_keys": sorted(k for k in exclude if k is not None), "skip_null": None in exclude,
+    }
+    rows = yield Statement(queries.get("claim_window"), params)
     entries = _entries(rows)
     reading.complete = len(entries) < window
     _advance(reading, entries)
