@@ -165,7 +165,7 @@ def oracle_steps(request: Request) -> Steps:
 _HEAD_PRIORITY = 32768
 # The skip scan that lists a queue's groups stops after this many keys; below
 # it, the claim reads per group instead of filtering the queue.
-GROUP_SCAN_BOUND = 32
+GROUP_SCAN_BOUND = 64
 # ... and it is tried only when the rows read so far show at most this many keys
 # (a queue that shows many keys in its head rarely has few in total).
 GROUP_SCAN_TRY = 16
