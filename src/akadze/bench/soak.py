@@ -199,6 +199,9 @@ def report_text(host: dict[str, str], result: SoakResult) -> str:
             f"complete_tx effects wrong {a.tx_wrong_effects + a.effects_of_unfinished}, "
             f"stale finishes {a.stale_effects + a.stale_results}; worker processes died "
             f"unplanned: {result.unplanned_deaths}")
+        lines.append(f"- start-rate windows over max_starts by commit time: "
+                     f"{a.commit_rate_violations}")
+        lines += [f"- {detail}" for detail in a.details]
     lines.append("- max running per key: " + ", ".join(
         f"{k} {m}/{lim}" for k, (m, lim) in sorted(result.max_running.items())))
     return "\n".join(lines) + "\n"
