@@ -75,13 +75,17 @@ marked AS (
     WHERE l.max_starts IS NOT NULL
 ),
 pruned AS (
-    -- same snapshot as the INSERT above: the new marks are not seen (nor are
-    -- they old enough to be pruned)
+    -- Same snapshot as the INSERT above: the new marks are not seen. A claim's
+    -- clock is its transaction's start, so claims do not reach a key's lock in
+    -- clock order: one that began earlier may count after us, over a window
+    -- that ends earlier than ours. Marks are therefore kept for a margin past
+    -- our window (5 minutes, far longer than any claim transaction lives), so
+    -- that such a claim still sees every mark it must count.
     DELETE FROM akadze.start_marks m
     USING akadze.limits l
     WHERE m.key IN (SELECT t.limit_key FROM taken t)
       AND l.key = m.key
-      AND m.started_at <= %(now)s - l."window"
+      AND m.started_at <= %(now)s - l."window" - interval '5 minutes'
 )
 SELECT * FROM taken
 
