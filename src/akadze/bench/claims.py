@@ -95,6 +95,8 @@ def host_details(conn: Conn) -> dict[str, str]:
 
 
 def _fmt_ms(value: float) -> str:
+    if value != value:  # NaN: not measured
+        return "-"
     return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
@@ -104,7 +106,8 @@ def speed_rows(timings: Sequence[Timing], *, titles: bool = True) -> list[tuple[
          f"{t.jobs:,}".replace(",", " "),
          _fmt_ms(t.oracle) + ("" if len(t.oracle_ms) == len(t.claim_ms)
                               else f" (n={len(t.oracle_ms)})"),
-         _fmt_ms(t.windowed), f"{t.ratio:.1f}x", str(t.claimed), "yes" if t.same else "NO")
+         _fmt_ms(t.windowed), "-" if t.ratio != t.ratio else f"{t.ratio:.1f}x",
+         str(t.claimed), "-" if not t.oracle_ms else "yes" if t.same else "NO")
         for t in timings
     ]
 
