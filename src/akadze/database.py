@@ -99,10 +99,8 @@ def describe(url: str) -> str:
 def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[tuple[object, ...]]:
     try:
         return psycopg.connect(normalize_url(url), autocommit=autocommit)
-    except psycopg.OperationalError as exc:
-        raise ConfigurationError(
-            f"cannot connect to {describe(url)}: {mask_password(str(exc).strip().splitlines()[0])}"
-        ) from None
+    except (psycopg.OperationalError, psycopg.ProgrammingError, ValueError) as exc:
+        raise _cannot_connect(url, exc) from None
 
 
 async def connect_async(
@@ -110,7 +108,12 @@ async def connect_async(
 ) -> psycopg.AsyncConnection[tuple[object, ...]]:
     try:
         return await psycopg.AsyncConnection.connect(normalize_url(url), autocommit=autocommit)
-    except psycopg.OperationalError as exc:
-        raise ConfigurationError(
-            f"cannot connect to {describe(url)}: {mask_password(str(exc).strip().splitlines()[0])}"
-        ) from None
+    except (psycopg.OperationalError, psycopg.ProgrammingError, ValueError) as exc:
+        raise _cannot_connect(url, exc) from None
+
+
+def _cannot_connect(url: str, exc: Exception) -> ConfigurationError:
+    """One masked line for a failed connection. ValueError covers host names that cannot
+    be encoded (UnicodeError) and malformed conninfo strings."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ConfigurationError(f"cannot connect to {describe(url)}: {mask_password(reason)}")
