@@ -300,6 +300,9 @@ def finish_params(batch: Sequence[Finish], now: datetime | None) -> dict[str, An
 async def _execute_finish(
     conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish], now: datetime | None
 ) -> set[int]:
+    # Never prepared: a generic plan cannot see how many rows unnest() yields and
+    # was measured at 130 ms instead of 8 ms for 1 000 rows among 100 000 (custom
+    # plans cost ~0.3 ms of planning).
     if not batch:
         return set()
     if all(f.state is JobState.SUCCEEDED for f in batch):
@@ -309,9 +312,10 @@ async def _execute_finish(
             "results": _text_array([f.result for f in batch]),
             "now": now,
         }
-        cur = await conn.execute(queries.get("finish_succeeded"), params)
+        cur = await conn.execute(queries.get("finish_succeeded"), params, prepare=False)
     else:
-        cur = await conn.execute(queries.get("finish_jobs"), finish_params(batch, now))
+        cur = await conn.execute(
+            queries.get("finish_jobs"), finish_params(batch, now), prepare=False)
     return {int(str(row[0])) for row in await cur.fetchall()}
 
 
