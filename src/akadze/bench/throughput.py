@@ -181,6 +181,25 @@ def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput]
         for label, values in (("commit returned", latency.after_commit),
                               ("commit sent", latency.before_commit)):
             lines.append("| " + " | ".join(latency.row(values, label)) + " |")
+    lines += [
+        "",
+        "## Method",
+        "",
+        "- Throughput: the backlog is inserted and analyzed first; the clock runs from the "
+        "worker's start (connections included) until the last outcome is written. Claims "
+        "take every free slot in one call; outcomes are written many per statement, each "
+        "row fenced by `run_count`.",
+        "- Claims commit with `synchronous_commit = off` (the default, "
+        "`durable_claims=False`); outcome writes commit durably (they wait for the WAL "
+        "flush). See docs/explanation/job-states.md.",
+        "- Pick-up latency: one job enqueued and committed at a time from another thread "
+        "(`enqueue_sync`), the next only after the previous one ran; from the commit's "
+        "return (and from just before it was sent) to the task's first line, on one clock. "
+        "The first five samples warm up and are not counted.",
+        "",
+        "Reproduce: `akadze bench throughput --report benchmarks/throughput.md "
+        "--database-url postgresql://postgres@127.0.0.1:5432/postgres`.",
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
