@@ -17,10 +17,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import queries, sessions
-from .errors import ConfigurationError, JobNotFound
-from .hooks import call_transition_hooks, call_transition_hooks_sync
-from .jobs import ClaimedJob
-from .maintenance import _job
+from .errors import JobNotFound
+from .hooks import call_transition_hooks, call_transition_hooks_sync, transition_hooks
+from .jobs import ClaimedJob, check_job_id, claimed_job
 
 if TYPE_CHECKING:
     from .app import Akadze
@@ -28,24 +27,12 @@ if TYPE_CHECKING:
 __all__ = ["request_cancel", "request_cancel_sync"]
 
 
-def _check_id(job_id: object) -> int:
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
-        raise ConfigurationError(f"job_id must be a positive integer, got {job_id!r}")
-    return job_id
-
-
-def _hooks(session: object, app: Akadze | None) -> list[Any]:
-    from .app import Akadze
-
-    if app is None and isinstance(session, Akadze):
-        app = session
-    return list(app.on_transition_hooks) if app is not None else []
 
 
 def _found(row: tuple[Any, ...] | None, job_id: int) -> tuple[ClaimedJob, str]:
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
-    return _job(row), str(row[15])
+    return claimed_job(row), str(row[15])
 
 
 async def request_cancel(session: Any, job_id: int, *, app: Akadze | None = None) -> bool:
@@ -56,8 +43,8 @@ async def request_cancel(session: Any, job_id: int, *, app: Akadze | None = None
     source (app, URL, engine, pool: a transaction of its own). ``app``: whose
     on_transition hooks to run (default: ``session`` when it is the app).
     """
-    job_id = _check_id(job_id)
-    hooks = _hooks(session, app)
+    job_id = check_job_id(job_id)
+    hooks = transition_hooks(session, app)
     async with sessions.writing(session) as conn:
         cur = await conn.execute(queries.get("job_for_cancel"), {"id": job_id})
         job, state = _found(await cur.fetchone(), job_id)
@@ -73,8 +60,8 @@ async def request_cancel(session: Any, job_id: int, *, app: Akadze | None = None
 
 def request_cancel_sync(session: Any, job_id: int, *, app: Akadze | None = None) -> bool:
     """The sync twin of :func:`request_cancel`, for sync sessions."""
-    job_id = _check_id(job_id)
-    hooks = _hooks(session, app)
+    job_id = check_job_id(job_id)
+    hooks = transition_hooks(session, app)
     with sessions.writing_sync(session) as conn:
         cur = conn.execute(queries.get("job_for_cancel"), {"id": job_id})
         job, state = _found(cur.fetchone(), job_id)

@@ -23,8 +23,8 @@ import psycopg
 
 from . import queries, sessions
 from .errors import ConfigurationError, DuplicateJob, InvalidJobState, JobNotFound
-from .hooks import call_transition_hooks, call_transition_hooks_sync
-from .maintenance import _job
+from .hooks import call_transition_hooks, call_transition_hooks_sync, transition_hooks
+from .jobs import check_job_id, claimed_job
 
 if TYPE_CHECKING:
     from .app import Akadze
@@ -49,18 +49,6 @@ def _check_queue(queue: object) -> str:
     return queue
 
 
-def _check_id(job_id: object) -> int:
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
-        raise ConfigurationError(f"job_id must be a positive integer, got {job_id!r}")
-    return job_id
-
-
-def _hooks(session: object, app: Akadze | None) -> list[Any]:
-    from .app import Akadze
-
-    if app is None and isinstance(session, Akadze):
-        app = session
-    return list(app.on_transition_hooks) if app is not None else []
 
 
 def _check_requeue(row: tuple[Any, ...] | None, job_id: int) -> tuple[str, str]:
@@ -108,8 +96,8 @@ async def requeue(session: Any, job_id: int, *, app: Akadze | None = None) -> No
     """Move a failed or cancelled job back to ``queued`` (see the module docs). Raises
     JobNotFound, InvalidJobState (any other state) or DuplicateJob. ``app``: whose
     on_transition hooks run (default: ``session`` when it is the app)."""
-    job_id = _check_id(job_id)
-    hooks = _hooks(session, app)
+    job_id = check_job_id(job_id)
+    hooks = transition_hooks(session, app)
     async with sessions.writing(session) as conn:
         cur = await conn.execute(queries.get("job_lock"), {"id": job_id})
         before, unique_key = _check_requeue(await cur.fetchone(), job_id)
@@ -120,13 +108,13 @@ async def requeue(session: Any, job_id: int, *, app: Akadze | None = None) -> No
         except psycopg.errors.UniqueViolation:
             raise DuplicateJob(unique_key) from None
         assert row is not None
-        await call_transition_hooks(hooks, conn, _job(row), before, "queued")
+        await call_transition_hooks(hooks, conn, claimed_job(row), before, "queued")
 
 
 async def retry_now(session: Any, job_id: int) -> bool:
     """Make a queued job waiting for its run_at ready now; False if it was ready
     already. Raises JobNotFound, or InvalidJobState when the job is not queued."""
-    job_id = _check_id(job_id)
+    job_id = check_job_id(job_id)
     async with sessions.writing(session) as conn:
         cur = await conn.execute(queries.get("job_lock"), {"id": job_id})
         _check_retry(await cur.fetchone(), job_id)
@@ -155,8 +143,8 @@ def resume_queue_sync(session: Any, queue: str) -> bool:
 
 def requeue_sync(session: Any, job_id: int, *, app: Akadze | None = None) -> None:
     """The sync twin of :func:`requeue`."""
-    job_id = _check_id(job_id)
-    hooks = _hooks(session, app)
+    job_id = check_job_id(job_id)
+    hooks = transition_hooks(session, app)
     with sessions.writing_sync(session) as conn:
         before, unique_key = _check_requeue(
             conn.execute(queries.get("job_lock"), {"id": job_id}).fetchone(), job_id
@@ -169,12 +157,12 @@ def requeue_sync(session: Any, job_id: int, *, app: Akadze | None = None) -> Non
         except psycopg.errors.UniqueViolation:
             raise DuplicateJob(unique_key) from None
         assert row is not None
-        call_transition_hooks_sync(hooks, conn, _job(row), before, "queued")
+        call_transition_hooks_sync(hooks, conn, claimed_job(row), before, "queued")
 
 
 def retry_now_sync(session: Any, job_id: int) -> bool:
     """The sync twin of :func:`retry_now`."""
-    job_id = _check_id(job_id)
+    job_id = check_job_id(job_id)
     with sessions.writing_sync(session) as conn:
         _check_retry(conn.execute(queries.get("job_lock"), {"id": job_id}).fetchone(), job_id)
         return conn.execute(

@@ -11,10 +11,23 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import AkadzeError
 from .jobs import ClaimedJob
+
+if TYPE_CHECKING:
+    from .app import Akadze
+
+
+def transition_hooks(session: object, app: Akadze | None) -> list[Callable[..., Any]]:
+    """The on_transition hooks for an admin call: those of ``app``, or of ``session``
+    when the session is the app itself; none otherwise."""
+    from .app import Akadze
+
+    if app is None and isinstance(session, Akadze):
+        app = session
+    return list(app.on_transition_hooks) if app is not None else []
 
 
 async def call_transition_hooks(

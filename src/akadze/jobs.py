@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .errors import ConfigurationError
+
 
 class JobState(enum.StrEnum):
     QUEUED = "queued"
@@ -63,3 +65,23 @@ class EnqueuedJob:
     unique_key: str | None = None
     expires_at: datetime | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def claimed_job(row: tuple[Any, ...]) -> ClaimedJob:
+    """A ClaimedJob from a row of the job columns that the worker, rescue, cancel and
+    requeue queries return, in this order: id, queue, task, args, priority, run_at,
+    limit_key, run_count, attempt, max_attempts, meta, unique_key, expires_at,
+    worker_id, started_at."""
+    return ClaimedJob(
+        id=row[0], queue=row[1], task=row[2], args=row[3], priority=row[4], run_at=row[5],
+        limit_key=row[6], run_count=row[7], attempt=row[8], max_attempts=row[9],
+        meta=row[10], unique_key=row[11], expires_at=row[12], worker_id=row[13],
+        started_at=row[14],
+    )
+
+
+def check_job_id(job_id: object) -> int:
+    """A job id given by a caller: a positive integer, else ConfigurationError."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+        raise ConfigurationError(f"job_id must be a positive integer, got {job_id!r}")
+    return job_id

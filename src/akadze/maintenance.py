@@ -26,7 +26,7 @@ import psycopg
 
 from . import queries, retention, schedules
 from .hooks import call_transition_hooks
-from .jobs import ClaimedJob
+from .jobs import claimed_job
 from .resilience import Trouble
 
 if TYPE_CHECKING:
@@ -43,14 +43,6 @@ class Round:
     scheduled: list[int] = field(default_factory=list)
     pruned: int = 0
 
-
-def _job(row: tuple[Any, ...]) -> ClaimedJob:
-    return ClaimedJob(
-        id=row[0], queue=row[1], task=row[2], args=row[3], priority=row[4], run_at=row[5],
-        limit_key=row[6], run_count=row[7], attempt=row[8], max_attempts=row[9],
-        meta=row[10], unique_key=row[11], expires_at=row[12], worker_id=row[13],
-        started_at=row[14],
-    )
 
 
 async def rescue_expired(
@@ -72,7 +64,7 @@ async def rescue_expired(
         for row in rows:
             state = str(row[15])
             if hooks:
-                await call_transition_hooks(hooks, conn, _job(row), "running", state)
+                await call_transition_hooks(hooks, conn, claimed_job(row), "running", state)
             rescued.append((int(row[0]), state))
     for job_id, state in rescued:
         logger.warning(

@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import psycopg_pool
 
-from . import backoff, leases, maintenance, outcomes, queries
+from . import backoff, leases, outcomes, queries
 from .claim import claim
 from .clock import SystemClock
 from .database import describe
 from .errors import ConfigurationError, WorkerError
 from .execution import Execution, _Run
-from .jobs import ClaimedJob
+from .jobs import ClaimedJob, claimed_job
 from .leases import LeaseKeeping
 from .maintenance import MaintenanceLoop
 from .resilience import Trouble, is_transient
@@ -524,7 +524,7 @@ class Worker(Execution, LeaseKeeping, MaintenanceLoop):
             rows = await cur.fetchall()
         known = set(self._running) | {finish.job.id for finish in self._pending}
         for row in rows:
-            job = maintenance._job(row)
+            job = claimed_job(row)
             if job.id not in known:
                 logger.warning(
                     "job %d: claimed by a claim whose reply was lost; giving it back",
