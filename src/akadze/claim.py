@@ -16,8 +16,8 @@ from __future__ import annotations
 import inspect
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
@@ -48,6 +48,9 @@ class Statement:
     # that carry array filters pass False: a generic plan cannot hash an array
     # parameter and searches it linearly for every row.
     prepare: bool | None = None
+    # False: nobody needs the rows; in the pipeline the statement then travels
+    # with the next round trip instead of causing one.
+    fetch: bool = True
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,16 @@ class Transitions:
     changes: tuple[tuple[ClaimedJob, str, str], ...]
 
 
-Step = Statement | Transitions
+@dataclass(frozen=True)
+class Batch:
+    """Run these statements in one round trip (a pipeline); the step receives
+    their rows, one list per statement. Each still runs as its own statement, in
+    order, with its own READ COMMITTED snapshot."""
+
+    statements: tuple[Statement, ...]
+
+
+Step = Statement | Batch | Transitions
 Steps = Generator[Step, Any, list[ClaimedJob]]
 Steps0 = Generator[Step, Any, None]
 Row = tuple[Any, ...]
@@ -74,8 +86,12 @@ class Request:
     tasks: list[str] | None
     now: datetime | None
 
-    def params(self, now: datetime) -> dict[str, object]:
-        return {"queue": self.queue, "now": now, "tasks": self.tasks}
+    def params(self, now: datetime | None = None) -> dict[str, object]:
+        """``now``: the claim's resolved clock (the oracle); by default the
+        injected one, or NULL, which the statements read as the transaction's
+        ``now()``."""
+        return {"queue": self.queue, "now": now if now is not None else self.now,
+                "tasks": self.tasks}
 
 
 def _job(row: Row) -> ClaimedJob:
@@ -163,6 +179,8 @@ def oracle_steps(request: Request) -> Steps:
 
 # Above every smallint priority: "after" this position is the head of the queue.
 _HEAD_PRIORITY = 32768
+# Any time: with _HEAD_PRIORITY the first arm of a window is empty whatever it is.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The skip scan that lists a queue's groups stops after this many keys; below
 # it, the claim reads per group instead of filtering the queue.
 GROUP_SCAN_BOUND = 64
@@ -175,7 +193,7 @@ Position = tuple[int, datetime, int]
 
 @dataclass
 class _Reading:
-    """Where a windowed read has got to (reset when a short take restarts it)."""
+    """Where a windowed read has got to (reset when a claim plans again)."""
 
     rows: list[planner.Row]
     after: Position | None = None
@@ -188,42 +206,86 @@ class _Reading:
 
 @dataclass
 class _Known:
-    """What the claim learnt about keys and groups."""
+    """What the claim learnt about keys and groups.
 
-    locked: set[str]
-    held: set[str]
-    unlimited: set[str]
-    room: dict[str, int]
-    busy: dict[str | None, int]
+    ``room``: the headroom of limited keys. Read without a lock when a key is
+    first met (exact for a single claim); a key the claim takes from is locked
+    first and its headroom counted again under the lock (see :func:`_lock_taken`),
+    after which it is exact under concurrency too. ``held``: keys another claim
+    held when we tried to lock them (no room for this claim).
+    """
+
+    fair: bool
+    locked: set[str] = field(default_factory=set)
+    held: set[str] = field(default_factory=set)
+    unlimited: set[str] = field(default_factory=set)
+    room: dict[str, int] = field(default_factory=dict)
+    busy: dict[str | None, int] = field(default_factory=dict)
+    plan_cache_mode: str | None = None  # the setting before the claim changed it
+
+    def params(self) -> dict[str, object]:
+        """The keys whose state a reading statement need not return again."""
+        fair, busy = self.fair, self.busy
+        known = [k for k in (*self.room, *self.unlimited) if not fair or k in busy]
+        return {"known": known, "known_null": not fair or None in busy, "fair": fair}
+
+    def learn(self, key: str | None, limited: bool | None, max_running: int | None,
+              running: int | None, max_starts: int | None, starts: int | None,
+              busy: int | None) -> None:
+        if self.fair and key not in self.busy:
+            self.busy[key] = busy or 0
+        if key is None or key in self.room or key in self.unlimited:
+            return
+        if not limited:
+            self.unlimited.add(key)
+        elif key in self.held:
+            self.room[key] = 0  # another claim has it: left for the next claim
+        else:
+            self.room[key] = planner.headroom(
+                planner.Limit(max_running, running or 0, max_starts, starts or 0))
 
 
-def _after_params(after: Position | None, now: datetime) -> dict[str, object]:
+def _after_params(after: Position | None) -> dict[str, object]:
     if after is None:
-        return {"after_priority": _HEAD_PRIORITY, "after_run_at": now, "after_id": 0}
+        return {"after_priority": _HEAD_PRIORITY, "after_run_at": _EPOCH, "after_id": 0}
     neg_priority, run_at, id_ = after
     return {"after_priority": -neg_priority, "after_run_at": run_at, "after_id": id_}
 
 
-def _entries(rows: list[Row]) -> list[tuple[planner.Row, bool]]:
-    return [(planner.Row(r[0], r[1], r[2], r[3]), bool(r[4])) for r in rows]
+def _entries(rows: list[Row], known: _Known) -> list[tuple[planner.Row, bool]]:
+    """The index entries of a reading statement; its key-state rows (id NULL,
+    after the entries) go into ``known``."""
+    entries: list[tuple[planner.Row, bool]] = []
+    make = planner.Row._make
+    for r in rows:
+        if r[0] is None:
+            known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
+        else:
+            entries.append((make(r[:4]), r[4]))
+    return entries
 
 
 def _read_window(
-    request: Request, now: datetime, reading: _Reading, window: int,
-    exclude: frozenset[str | None],
+    request: Request, known: _Known, reading: _Reading, window: int,
+    exclude: frozenset[str | None], first: Statement | None = None,
 ) -> Steps0:
     params = {
-        **request.params(now), **_after_params(reading.after, now), "window": window,
+        **request.params(), **_after_params(reading.after), **known.params(), "window": window,
         "skip_keys": sorted(k for k in exclude if k is not None), "skip_null": None in exclude,
     }
-    rows = yield Statement(queries.get("claim_window"), params)
-    entries = _entries(rows)
+    statement = Statement(queries.get("claim_window"), params)
+    if first is None:
+        rows = yield statement
+    else:
+        first_rows, rows = yield Batch((first, statement))
+        known.plan_cache_mode = first_rows[0][0]
+    entries = _entries(rows, known)
     reading.complete = len(entries) < window
     _advance(reading, entries)
 
 
 def _read_groups(
-    request: Request, now: datetime, reading: _Reading, window: int,
+    request: Request, known: _Known, reading: _Reading, window: int,
     exclude: frozenset[str | None],
 ) -> Steps0:
     assert reading.universe is not None
@@ -231,11 +293,11 @@ def _read_groups(
     keys = sorted(k for k in groups if k is not None)
     per_group = max(request.slots, -(-window // max(1, len(groups))))
     params = {
-        **request.params(now), **_after_params(reading.after, now),
+        **request.params(), **_after_params(reading.after), **known.params(),
         "keys": keys, "null_group": None in groups, "per_group": per_group,
     }
     rows = yield Statement(queries.get("claim_group_rows"), params)
-    entries = _entries(rows)
+    entries = _entries(rows, known)
     # Each group returned at most per_group entries. Up to the earliest last
     # entry of a group that returned per_group of them, nothing was left unread
     # (of the groups read); past it, that group may have more rows.
@@ -258,7 +320,7 @@ def _advance(reading: _Reading, entries: list[tuple[planner.Row, bool]]) -> None
     reading.rows.extend(e for e, ready in entries if ready)
 
 
-def _scan_groups(request: Request, now: datetime, reading: _Reading) -> Steps0:
+def _scan_groups(request: Request, reading: _Reading) -> Steps0:
     """Try to list every group of the queue (bounded skip scan)."""
     reading.scanned_groups = True
     params = {"queue": request.queue, "bound": GROUP_SCAN_BOUND}
@@ -271,55 +333,95 @@ def _scan_groups(request: Request, now: datetime, reading: _Reading) -> Steps0:
         reading.universe = frozenset(groups)
 
 
-def _load_state(
-    request: Request, now: datetime, known: _Known, need: planner.NeedState
-) -> Steps0:
-    new = [k for k in need.keys
-           if k not in known.locked and k not in known.held and k not in known.unlimited]
-    if new:
-        rows = yield Statement(queries.get("claim_lock"), {"keys": new})
-        limited = {key: bool(locked) for key, locked in rows}
-        held_before = bool(known.locked)
-        if not held_before and limited and not any(limited.values()):
-            # Every limited key we met is held by another claim and we hold no
-            # limits row (and no job) yet: this is the one lock of the claim
-            # that may wait, on the first such key in queue order.
-            first = next(k for k in new if k in limited)
-            got = yield Statement(queries.get("claim_lock_first"), {"keys": [first]})
-            if got:
-                limited[first] = True
-        for key, locked in limited.items():
-            (known.locked if locked else known.held).add(key)
-        known.unlimited.update(k for k in new if k not in limited)
-    for key in need.keys:
-        if key in known.held:
-            known.room[key] = 0  # another claim has it: left for the next claim
-    to_count = [k for k in need.keys if k in known.locked]
-    groups = [g for g in need.groups if g is not None]
-    null_group = None in need.groups
-    if not to_count and not groups and not null_group:
-        return
-    # A new statement after the locks: it sees every commit made before they were granted.
-    params = {"keys": to_count, "groups": groups, "null_group": null_group,
-              "queue": request.queue, "now": now}
-    rows = yield Statement(queries.get("claim_counts"), params)
+def _counts(request: Request, keys: Sequence[str], groups: Sequence[str | None]) -> Statement:
+    params = {"keys": list(keys), "groups": [g for g in groups if g is not None],
+              "null_group": None in groups, "queue": request.queue, "now": request.now}
+    return Statement(queries.get("claim_counts"), params)
+
+
+def _load_state(request: Request, known: _Known, need: planner.NeedState) -> Steps0:
+    """State the reading statements did not bring (groups found by the skip scan,
+    keys met before a re-plan): counted without locks, like theirs."""
+    keys = [k for k in need.keys if k not in known.room and k not in known.unlimited]
+    rows = yield _counts(request, keys, need.groups)
+    limited: set[str] = set()
     for kind, key, max_running, running, max_starts, starts in rows:
         if kind == "limit":
-            known.room[key] = planner.headroom(
-                planner.Limit(max_running, running, max_starts, starts or 0))
-        else:
+            limited.add(key)
+            known.learn(key, True, max_running, running, max_starts, starts, None)
+        elif key not in known.busy:
             known.busy[key] = running
+    known.unlimited.update(k for k in keys if k not in limited)
+    for group in need.groups:
+        known.busy.setdefault(group, 0)
+
+
+def _lock_taken(request: Request, known: _Known, keys: list[str]) -> Generator[Step, Any, bool]:
+    """Lock the limits rows of the keys the claim is about to take from and count
+    them again in a new statement (its snapshot sees every commit made before the
+    locks were granted). True when every headroom is what the plan used; else
+    ``known`` now holds the exact figures and the claim plans again."""
+    lock, counted = yield Batch((
+        Statement(queries.get("claim_lock"), {"keys": keys}), _counts(request, keys, ())))
+    got = {key: bool(locked) for key, locked in lock}
+    if not known.locked and got and not any(got.values()):
+        # Every key is held by another claim and we hold no limits row yet: this
+        # is the one lock of the claim that may wait, on the first such key in
+        # queue order (we hold nothing anyone could wait for: no cycle).
+        first = next(k for k in keys if k in got)
+        waited, counted = yield Batch((
+            Statement(queries.get("claim_lock_first"), {"keys": [first]}),
+            _counts(request, keys, ())))
+        if waited:
+            got[first] = True
+    room = {key: planner.headroom(planner.Limit(max_running, running, max_starts, starts or 0))
+            for _, key, max_running, running, max_starts, starts in counted}
+    same = True
+    for key in keys:
+        if key not in got:  # its limits row went away meanwhile: unlimited now
+            del known.room[key]
+            known.unlimited.add(key)
+            same = False
+            continue
+        if got[key]:
+            known.locked.add(key)
+            now_room = room[key]
+        else:
+            known.held.add(key)
+            now_room = 0
+        if now_room != known.room[key]:
+            known.room[key] = now_room
+            same = False
+    return same
+
+
+def _take(
+    request: Request, ids: Sequence[int], sweep: bool
+) -> Generator[Step, Any, tuple[list[ClaimedJob], list[ClaimedJob]]]:
+    """Take the planned rows (those still free), and sweep cancelled/expired rows
+    when ``sweep``; returns (taken in the order of ``ids``, cancelled)."""
+    params = {**request.params(), "ids": list(ids), "worker_id": request.worker_id,
+              "sweep": sweep}
+    rows = yield Statement(queries.get("claim_take_sweep"), params)
+    by_id: dict[int, ClaimedJob] = {}
+    cancelled: list[ClaimedJob] = []
+    for row in rows:
+        job = _job(row[1:])
+        if row[0] == "running":
+            by_id[job.id] = job
+        else:
+            cancelled.append(job)
+    return [by_id[i] for i in ids if i in by_id], cancelled
 
 
 def windowed_steps(request: Request) -> Steps:
     """The windowed claim (seed-claim): read the queue in windows until the
     planner proves that nothing unread can change the result."""
-    now, paused = yield from begin(request)
-    if paused:
-        return []
-    known = _Known(set(), set(), set(), {}, {})
+    known = _Known(request.fair)
     claimed: list[ClaimedJob] = []
+    cancelled: list[ClaimedJob] = []
     skip: set[int] = set()
+    swept = False
     while len(claimed) < request.slots:
         slots = request.slots - len(claimed)
         reading = _Reading(rows=[])
@@ -335,36 +437,61 @@ def windowed_steps(request: Request) -> Steps:
             )
             decision = planner.plan(view)
             if isinstance(decision, planner.Settled):
-                break
+                want = set(decision.take)
+                keys = list(dict.fromkeys(
+                    r.key for r in reading.rows
+                    if r.id in want and r.key in known.room and r.key not in known.locked))
+                if not keys or (yield from _lock_taken(request, known, keys)):
+                    break
+                # A headroom changed under the lock (another claim started or
+                # finished jobs of the key): plan again from the head.
+                reading = _Reading(rows=[])
+                continue
             if isinstance(decision, planner.NeedState):
-                yield from _load_state(request, now, known, decision)
+                yield from _load_state(request, known, decision)
                 continue
             if (reading.universe is None and not reading.scanned_groups and reading.window
                     and len({r.key for r in reading.rows}) <= GROUP_SCAN_TRY):
-                yield from _scan_groups(request, now, reading)
+                yield from _scan_groups(request, reading)
                 if reading.universe is not None:
                     continue  # plan again: fair groups may need their busy counts
             reading.window = decision.window
             reading.excluded = decision.exclude
             reading.rows = planner.prune(reading.rows, known.room, reading.excluded)
             if reading.universe is not None:
-                yield from _read_groups(request, now, reading, decision.window, decision.exclude)
+                yield from _read_groups(request, known, reading, decision.window,
+                                        decision.exclude)
             else:
-                yield from _read_window(request, now, reading, decision.window, decision.exclude)
+                first = None
+                if known.plan_cache_mode is None:
+                    first = Statement(queries.get("claim_plan_generic"))
+                yield from _read_window(request, known, reading, decision.window,
+                                        decision.exclude, first)
         planned = decision.take
-        if not planned:
+        if not planned and swept:
             break
-        got = yield from take(request, now, planned)
+        got, gone = yield from _take(request, planned, not swept)
+        swept = True
         claimed.extend(got)
+        cancelled.extend(gone)
         if len(got) == len(planned):
             break
         # Rows another claim holds: plan the remaining slots again from the head,
-        # with fresh counts (the rows just taken now run, and count).
+        # with fresh counts (the rows just taken now run, and count). Keys held
+        # by other claims stay without room.
         taken = {job.id for job in got}
         skip.update(i for i in planned if i not in taken)
         known.room.clear()
         known.busy.clear()
-    cancelled = yield from cancel_due(request, now)
+        known.unlimited.clear()
+    if not swept:
+        _, cancelled = yield from _take(request, (), True)
+    cancelled.sort(key=lambda job: job.id)
+    if known.plan_cache_mode not in (None, "force_generic_plan"):
+        # The hooks run with the caller's setting (no round trip: it travels
+        # with the hooks' first statement, or with COMMIT).
+        yield Statement(queries.get("claim_plan_restore"),
+                        {"mode": known.plan_cache_mode}, fetch=False)
     return (yield from finish(cancelled, claimed))
 
 
@@ -381,7 +508,10 @@ def _check_idle(status: TransactionStatus) -> None:
 
 def _run_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None) -> list[ClaimedJob]:
     _check_idle(conn.info.transaction_status)
-    with conn.transaction():
+    # Pipeline mode: statements are sent as they come and a round trip happens
+    # only when a result is needed, so BEGIN travels with the first statement
+    # and a Batch costs one round trip.
+    with conn.pipeline(), conn.transaction():
         reply: Any = None
         while True:
             try:
@@ -393,7 +523,14 @@ def _run_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None) -
             if isinstance(step, Statement):
                 with conn.cursor(row_factory=tuple_row) as cur:
                     cur.execute(step.query, step.params, prepare=step.prepare)
-                    reply = cur.fetchall() if cur.description else []
+                    reply = (cur.fetchall()) if step.fetch else None
+            elif isinstance(step, Batch):
+                cursors = [conn.cursor(row_factory=tuple_row) for _ in step.statements]
+                for cur, st in zip(cursors, step.statements, strict=True):
+                    cur.execute(st.query, st.params, prepare=st.prepare)
+                reply = [cur.fetchall() for cur in cursors]
+                for cur in cursors:
+                    cur.close()
             elif app is not None:
                 for job, old, new in step.changes:
                     for hook in app.on_transition_hooks:
@@ -416,7 +553,7 @@ async def _run_async(
     conn: psycopg.AsyncConnection[Any], steps: Steps, app: Akadze | None
 ) -> list[ClaimedJob]:
     _check_idle(conn.info.transaction_status)
-    async with conn.transaction():
+    async with conn.pipeline(), conn.transaction():
         reply: Any = None
         while True:
             try:
@@ -428,7 +565,14 @@ async def _run_async(
             if isinstance(step, Statement):
                 async with conn.cursor(row_factory=tuple_row) as cur:
                     await cur.execute(step.query, step.params, prepare=step.prepare)
-                    reply = await cur.fetchall() if cur.description else []
+                    reply = (await cur.fetchall()) if step.fetch else None
+            elif isinstance(step, Batch):
+                cursors = [conn.cursor(row_factory=tuple_row) for _ in step.statements]
+                for cur, st in zip(cursors, step.statements, strict=True):
+                    await cur.execute(st.query, st.params, prepare=st.prepare)
+                reply = [await cur.fetchall() for cur in cursors]
+                for cur in cursors:
+                    await cur.close()
             elif app is not None:
                 for job, old, new in step.changes:
                     for hook in app.on_transition_hooks:
