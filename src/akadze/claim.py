@@ -202,6 +202,7 @@ class _Reading:
     excluded: frozenset[str | None] = frozenset()
     universe: frozenset[str | None] | None = None
     scanned_groups: bool = False
+    group_reads: int = 0
 
 
 @dataclass
@@ -291,7 +292,13 @@ def _read_groups(
     assert reading.universe is not None
     groups = reading.universe - exclude
     keys = sorted(k for k in groups if k is not None)
-    per_group = max(request.slots, -(-window // max(1, len(groups))))
+    # Each group gets a share of the window. No group can place more than
+    # `slots` rows in the claim, so the first read asks for at most that many
+    # (one group holding the queue: `slots` rows, not the whole window); later
+    # reads (rows that were not ready for us) for at least that many.
+    share = -(-window // max(1, len(groups)))
+    per_group = (max if reading.group_reads else min)(request.slots, share)
+    reading.group_reads += 1
     params = {
         **request.params(), **_after_params(reading.after), **known.params(),
         "keys": keys, "null_group": None in groups, "per_group": per_group,

@@ -233,16 +233,6 @@ def plan(view: View) -> Decision:
     return ReadMore(_next_window(view), view.excluded | _exhausted(view, seen))
 
 
-@dataclass(frozen=True, order=True)
-class _Candidate:
-    """Sort key of fair order: priority DESC, turn, run_at, id."""
-
-    neg_priority: int
-    turn: int
-    run_at: datetime
-    id: int
-
-
 def turns(rows: Iterable[Row], busy: Mapping[Key, int]) -> list[tuple[Row, int]]:
     """Each eligible row with its turn: busy(group) + its rank among the eligible
     rows of its group at its priority (rows in queue order)."""
@@ -256,9 +246,9 @@ def turns(rows: Iterable[Row], busy: Mapping[Key, int]) -> list[tuple[Row, int]]
 
 def _plan_fair(view: View, eligible: list[Row], seen: Counter[str]) -> Decision:
     turned = turns(eligible, view.busy)
-    ranked = sorted(
-        turned, key=lambda rt: _Candidate(-rt[0].priority, rt[1], rt[0].run_at, rt[0].id)
-    )
+    # Sort key of fair order: priority DESC, turn, run_at, id (a plain tuple:
+    # this runs over every eligible row read).
+    ranked = sorted(turned, key=lambda rt: (-rt[0].priority, rt[1], rt[0].run_at, rt[0].id))
     chosen = ranked[: view.slots]
     take = tuple(row.id for row, _ in chosen)
     if view.complete:
