@@ -20,6 +20,9 @@ from .database import mask_password
 # insufficient resources (53: too many connections), and transaction rollbacks (40:
 # serialization failures and deadlocks).
 _TRANSIENT_CLASSES = ("08", "57", "53", "40")
+# Single states outside those classes: a lock_timeout that fired (55P03) passes once the
+# other transaction lets go of its lock.
+_TRANSIENT_STATES = ("55P03",)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -30,7 +33,7 @@ def is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, psycopg.Error):
         state = exc.sqlstate or ""
-        return state[:2] in _TRANSIENT_CLASSES
+        return state[:2] in _TRANSIENT_CLASSES or state in _TRANSIENT_STATES
     return False
 
 
