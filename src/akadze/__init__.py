@@ -136,8 +136,3 @@ __all__ += [
     "retry_now",
     "retry_now_sync",
 ]
-
-# The claim, usable on its own (scripts, tests, custom runners).
-from .claim import claim  # noqa: E402
-
-__all__ += ["claim"]
