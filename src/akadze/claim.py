@@ -218,7 +218,7 @@ class _Known:
 
     fair: bool
     locked: set[str] = field(default_factory=set)
-    held: set[str] = field(default_factory=set)
+    held: dict[str, None] = field(default_factory=dict)  # in the order met
     unlimited: set[str] = field(default_factory=set)
     room: dict[str, int] = field(default_factory=dict)
     busy: dict[str | None, int] = field(default_factory=dict)
@@ -363,18 +363,26 @@ def _load_state(request: Request, known: _Known, need: planner.NeedState) -> Ste
         known.busy.setdefault(group, 0)
 
 
-def _lock_taken(request: Request, known: _Known, keys: list[str]) -> Generator[Step, Any, bool]:
+def _lock_taken(
+    request: Request, known: _Known, need: dict[str, int], claimed: bool
+) -> Generator[Step, Any, bool]:
     """Lock the limits rows of the keys the claim is about to take from and count
     them again in a new statement (its snapshot sees every commit made before the
-    locks were granted). True when every headroom is what the plan used; else
-    ``known`` now holds the exact figures and the claim plans again."""
+    locks were granted). ``need``: how many planned rows each key has. True when
+    every key still has room for them (for a single claim the counts are the
+    same as the plan's; under concurrency a key may have gained room since,
+    which the plan may leave unused, claim-semantics "Under concurrency"); else
+    ``known`` now holds the exact figures and the claim plans again. Never
+    waits: a key another claim holds gets no room here (see :func:`_wait_first`)."""
+    keys = list(need)
     lock, counted = yield Batch((
         Statement(queries.get("claim_lock"), {"keys": keys}), _counts(request, keys, ())))
     got = {key: bool(locked) for key, locked in lock}
-    if not known.locked and got and not any(got.values()):
-        # Every key is held by another claim and we hold no limits row yet: this
-        # is the one lock of the claim that may wait, on the first such key in
-        # queue order (we hold nothing anyone could wait for: no cycle).
+    if not known.locked and not claimed and got and not any(got.values()):
+        # Every key is held by another claim and we hold no limits row and no
+        # job yet: this is the one lock of the claim that may wait, on the
+        # first such key in queue order (we hold nothing anyone could wait
+        # for: no cycle of waits).
         first = next(k for k in keys if k in got)
         waited, counted = yield Batch((
             Statement(queries.get("claim_lock_first"), {"keys": [first]}),
@@ -394,12 +402,35 @@ def _lock_taken(request: Request, known: _Known, keys: list[str]) -> Generator[S
             known.locked.add(key)
             now_room = room[key]
         else:
-            known.held.add(key)
+            known.held[key] = None
             now_room = 0
-        if now_room != known.room[key]:
-            known.room[key] = now_room
+        if now_room < need[key]:
             same = False
+        known.room[key] = now_room
     return same
+
+
+def _wait_first(request: Request, known: _Known) -> Generator[Step, Any, None]:
+    """The one lock of a claim that may wait: the claim found nothing to take
+    because every limited key it wanted is held by other claims, and it holds no
+    limits row and no job yet. It waits for the first such key (in the order it
+    met them) and counts it in a new statement; waiting holding nothing, it
+    cannot close a cycle of waits. So a claim on a hot key makes progress
+    instead of coming back empty, and claims that could take other rows never
+    wait at all (they leave the held keys to the next claim)."""
+    first = next(iter(known.held))
+    waited, counted = yield Batch((
+        Statement(queries.get("claim_lock_first"), {"keys": [first]}),
+        _counts(request, [first], ())))
+    known.held.pop(first)
+    if not waited:  # its limits row went away meanwhile: unlimited now
+        known.room.pop(first, None)
+        known.unlimited.add(first)
+        return
+    known.locked.add(first)
+    for _, _, max_running, running, max_starts, starts in counted:
+        known.room[first] = planner.headroom(
+            planner.Limit(max_running, running, max_starts, starts or 0))
 
 
 def _take(
@@ -428,10 +459,16 @@ def windowed_steps(request: Request) -> Steps:
     claimed: list[ClaimedJob] = []
     cancelled: list[ClaimedJob] = []
     skip: set[int] = set()
-    swept = False
+    # Claims of one queue take turns (docs/explanation/claim.md, "Claims of one
+    # queue take turns"): the first lock of the claim, taken holding nothing;
+    # it travels with the first window (no round trip of its own).
+    yield Statement(queries.get("claim_queue_turn"), {"queue": request.queue}, fetch=False)
+    swept = waited = False
+    universe: frozenset[str | None] | None = None
+    scanned = False
     while len(claimed) < request.slots:
         slots = request.slots - len(claimed)
-        reading = _Reading(rows=[])
+        reading = _Reading(rows=[], universe=universe, scanned_groups=scanned)
         decision: planner.Decision
         while True:
             view = planner.View(
@@ -445,14 +482,22 @@ def windowed_steps(request: Request) -> Steps:
             decision = planner.plan(view)
             if isinstance(decision, planner.Settled):
                 want = set(decision.take)
-                keys = list(dict.fromkeys(
+                need = Counter(
                     r.key for r in reading.rows
-                    if r.id in want and r.key in known.room and r.key not in known.locked))
-                if not keys or (yield from _lock_taken(request, known, keys)):
+                    if r.id in want and r.key in known.room and r.key not in known.locked)
+                if need:
+                    if (yield from _lock_taken(request, known, need, bool(claimed))):
+                        break
+                    # A headroom changed under the lock (another claim started
+                    # or finished jobs of the key, or holds it): plan again.
+                elif decision.take or claimed or known.locked or not known.held or waited:
                     break
-                # A headroom changed under the lock (another claim started or
-                # finished jobs of the key): plan again from the head.
-                reading = _Reading(rows=[])
+                else:
+                    waited = True
+                    yield from _wait_first(request, known)
+                # From the head; the groups listed by a skip scan stay listed.
+                reading = _Reading(rows=[], universe=reading.universe,
+                                   scanned_groups=reading.scanned_groups)
                 continue
             if isinstance(decision, planner.NeedState):
                 yield from _load_state(request, known, decision)
@@ -484,13 +529,18 @@ def windowed_steps(request: Request) -> Steps:
         if len(got) == len(planned):
             break
         # Rows another claim holds: plan the remaining slots again from the head,
-        # with fresh counts (the rows just taken now run, and count). Keys held
-        # by other claims stay without room.
+        # leaving them out. The rows just taken now run, and count: every
+        # limited key taken from is locked by us, so its headroom is exact
+        # after taking one per row; each taken row adds one to its group's busy.
         taken = {job.id for job in got}
         skip.update(i for i in planned if i not in taken)
-        known.room.clear()
-        known.busy.clear()
-        known.unlimited.clear()
+        for job in got:
+            key = job.limit_key
+            if key is not None and key in known.room:
+                known.room[key] = max(0, known.room[key] - 1)
+            if request.fair:
+                known.busy[key] = known.busy.get(key, 0) + 1
+        universe, scanned = reading.universe, reading.scanned_groups
     if not swept:
         _, cancelled = yield from _take(request, (), True)
     cancelled.sort(key=lambda job: job.id)

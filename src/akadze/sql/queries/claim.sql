@@ -483,3 +483,14 @@ SELECT current_setting('plan_cache_mode') AS before,
 
 -- name: claim_plan_restore
 SELECT set_config('plan_cache_mode', %(mode)s, true)
+
+-- name: claim_queue_turn
+-- Claims of one queue take turns: a transaction-level advisory lock on the
+-- queue (two-key form, class 6384484 = 0x616b64, "akd", so that it does not
+-- meet an application's own advisory locks; queues whose names hash alike
+-- merely share turns). Concurrent claims of a queue compute the same plan, so
+-- without turns they collide on the same rows and limits rows and re-plan from
+-- the head again and again (docs/explanation/claim.md, "Claims of one queue
+-- take turns"). It is the claim's first lock, taken holding nothing, so this
+-- wait cannot close a cycle of waits.
+SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))
