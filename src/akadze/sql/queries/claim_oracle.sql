@@ -83,21 +83,30 @@ eligible AS (
     FROM numbered
     WHERE headroom IS NULL OR n <= headroom
 ),
--- busy(g): running jobs of the group in THIS queue (all null keys are one group)
+-- busy(g): running jobs of the group in THIS queue. The groups with a key join
+-- on "=" (a hash join); the null group, whose rows "=" never matches, has its
+-- own count. (A join on IS NOT DISTINCT FROM cannot be hashed: it ran as a
+-- nested loop, seconds per claim on a large queue.)
 busy AS (
     SELECT r.limit_key, count(*) AS busy
     FROM akadze.jobs r
-    WHERE r.state = 'running' AND r.queue = %(queue)s
+    WHERE r.state = 'running' AND r.queue = %(queue)s AND r.limit_key IS NOT NULL
     GROUP BY r.limit_key
+),
+null_busy AS (
+    SELECT count(*) AS busy
+    FROM akadze.jobs r
+    WHERE r.state = 'running' AND r.queue = %(queue)s AND r.limit_key IS NULL
 ),
 turned AS (
     -- PARTITION BY puts all null keys in one partition: the null group
     SELECT e.id, e.priority, e.run_at,
-           COALESCE(b.busy, 0)
+           CASE WHEN e.limit_key IS NULL THEN nb.busy ELSE COALESCE(b.busy, 0) END
            + row_number() OVER (PARTITION BY e.limit_key, e.priority
                                 ORDER BY e.run_at, e.id) AS turn
     FROM eligible e
-    LEFT JOIN busy b ON b.limit_key IS NOT DISTINCT FROM e.limit_key
+    CROSS JOIN null_busy nb
+    LEFT JOIN busy b ON b.limit_key = e.limit_key
 )
 SELECT id
 FROM turned
