@@ -263,6 +263,14 @@ def _entries(rows: list[Row], known: _Known) -> list[tuple[planner.Row, bool]]:
             known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
         else:
             entries.append((make(r[:4]), r[4]))
+    # A key met without a state row has no limits row and (fair) nothing running
+    # in the queue. Keys whose state was known before the statement are skipped
+    # by learn(); a key the statement left out because it was known stays as is.
+    for row, _ in entries:
+        key = row.key
+        if (key is not None and key not in known.room and key not in known.unlimited) or (
+                known.fair and key not in known.busy):
+            known.learn(key, False, None, None, None, None, 0)
     return entries
 
 

@@ -170,27 +170,36 @@ FROM candidates c
 -- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
 WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
 UNION ALL
--- One row per key met (id NULL), after the entries.
-SELECT NULL, NULL, NULL, m.limit_key, NULL,
-       l.key IS NOT NULL, l.max_running,
-       CASE WHEN l.key IS NOT NULL THEN
-           (SELECT count(*) FROM akadze.jobs r
-            WHERE r.state = 'running' AND r.limit_key = l.key) END,
-       l.max_starts,
-       CASE WHEN l.max_starts IS NOT NULL THEN
-           (SELECT count(*) FROM akadze.start_marks s
-            WHERE s.key = l.key
-              AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window") END,
-       CASE WHEN NOT %(fair)s THEN NULL
-            WHEN m.limit_key IS NULL THEN
-                (SELECT count(*) FROM akadze.jobs r
-                 WHERE r.state = 'running' AND r.limit_key IS NULL AND r.queue = %(queue)s)
-            ELSE (SELECT count(*) FROM akadze.jobs r
-                  WHERE r.state = 'running' AND r.limit_key = m.limit_key
-                    AND r.queue = %(queue)s) END
-FROM met m
-LEFT JOIN akadze.limits l ON l.key = m.limit_key
-WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+-- One row per key met (id NULL), after the entries, for the keys that have a
+-- limits row or (fair) running jobs in the queue: a key met without a row here
+-- is unlimited and idle, which spares a row per key of a queue of free keys.
+SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
+       st.max_starts, st.starts, st.busy
+FROM (
+    SELECT m.limit_key,
+           l.key IS NOT NULL AS limited, l.max_running,
+           CASE WHEN l.key IS NOT NULL THEN
+               (SELECT count(*) FROM akadze.jobs r
+                WHERE r.state = 'running' AND r.limit_key = l.key) END AS running,
+           l.max_starts,
+           CASE WHEN l.max_starts IS NOT NULL THEN
+               (SELECT count(*) FROM akadze.start_marks s
+                WHERE s.key = l.key
+                  AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
+           END AS starts,
+           CASE WHEN NOT %(fair)s THEN NULL
+                WHEN m.limit_key IS NULL THEN
+                    (SELECT count(*) FROM akadze.jobs r
+                     WHERE r.state = 'running' AND r.limit_key IS NULL
+                       AND r.queue = %(queue)s)
+                ELSE (SELECT count(*) FROM akadze.jobs r
+                      WHERE r.state = 'running' AND r.limit_key = m.limit_key
+                        AND r.queue = %(queue)s) END AS busy
+    FROM met m
+    LEFT JOIN akadze.limits l ON l.key = m.limit_key
+    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+) st
+WHERE st.limited OR st.busy > 0
 ORDER BY 2 DESC NULLS LAST, 3, 1
 
 -- name: claim_groups
@@ -300,27 +309,36 @@ FROM candidates c
 -- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
 WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
 UNION ALL
--- One row per key met (id NULL), after the entries.
-SELECT NULL, NULL, NULL, m.limit_key, NULL,
-       l.key IS NOT NULL, l.max_running,
-       CASE WHEN l.key IS NOT NULL THEN
-           (SELECT count(*) FROM akadze.jobs r
-            WHERE r.state = 'running' AND r.limit_key = l.key) END,
-       l.max_starts,
-       CASE WHEN l.max_starts IS NOT NULL THEN
-           (SELECT count(*) FROM akadze.start_marks s
-            WHERE s.key = l.key
-              AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window") END,
-       CASE WHEN NOT %(fair)s THEN NULL
-            WHEN m.limit_key IS NULL THEN
-                (SELECT count(*) FROM akadze.jobs r
-                 WHERE r.state = 'running' AND r.limit_key IS NULL AND r.queue = %(queue)s)
-            ELSE (SELECT count(*) FROM akadze.jobs r
-                  WHERE r.state = 'running' AND r.limit_key = m.limit_key
-                    AND r.queue = %(queue)s) END
-FROM met m
-LEFT JOIN akadze.limits l ON l.key = m.limit_key
-WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+-- One row per key met (id NULL), after the entries, for the keys that have a
+-- limits row or (fair) running jobs in the queue: a key met without a row here
+-- is unlimited and idle, which spares a row per key of a queue of free keys.
+SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
+       st.max_starts, st.starts, st.busy
+FROM (
+    SELECT m.limit_key,
+           l.key IS NOT NULL AS limited, l.max_running,
+           CASE WHEN l.key IS NOT NULL THEN
+               (SELECT count(*) FROM akadze.jobs r
+                WHERE r.state = 'running' AND r.limit_key = l.key) END AS running,
+           l.max_starts,
+           CASE WHEN l.max_starts IS NOT NULL THEN
+               (SELECT count(*) FROM akadze.start_marks s
+                WHERE s.key = l.key
+                  AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
+           END AS starts,
+           CASE WHEN NOT %(fair)s THEN NULL
+                WHEN m.limit_key IS NULL THEN
+                    (SELECT count(*) FROM akadze.jobs r
+                     WHERE r.state = 'running' AND r.limit_key IS NULL
+                       AND r.queue = %(queue)s)
+                ELSE (SELECT count(*) FROM akadze.jobs r
+                      WHERE r.state = 'running' AND r.limit_key = m.limit_key
+                        AND r.queue = %(queue)s) END AS busy
+    FROM met m
+    LEFT JOIN akadze.limits l ON l.key = m.limit_key
+    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+) st
+WHERE st.limited OR st.busy > 0
 ORDER BY 2 DESC NULLS LAST, 3, 1
 
 -- name: claim_lock_first
