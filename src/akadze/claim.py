@@ -222,7 +222,7 @@ class _Known:
     unlimited: set[str] = field(default_factory=set)
     room: dict[str, int] = field(default_factory=dict)
     busy: dict[str | None, int] = field(default_factory=dict)
-    plan_cache_mode: str | None = None  # the setting before the claim changed it
+    settings: dict[str, str] | None = None  # as they were before the claim changed them
 
     def params(self) -> dict[str, object]:
         """The keys whose state a reading statement need not return again."""
@@ -287,7 +287,7 @@ def _read_window(
         rows = yield statement
     else:
         first_rows, rows = yield Batch((first, statement))
-        known.plan_cache_mode = first_rows[0][0]
+        known.settings = {"plan_cache_mode": first_rows[0][0], "jit": first_rows[0][1]}
     entries = _entries(rows, known)
     reading.complete = len(entries) < window
     _advance(reading, entries)
@@ -523,7 +523,7 @@ def windowed_steps(request: Request) -> Steps:
                                         decision.exclude)
             else:
                 first = None
-                if known.plan_cache_mode is None:
+                if known.settings is None:
                     first = Statement(queries.get("claim_plan_generic"))
                 yield from _read_window(request, known, reading, decision.window,
                                         decision.exclude, first)
@@ -552,11 +552,10 @@ def windowed_steps(request: Request) -> Steps:
     if not swept:
         _, cancelled = yield from _take(request, (), True)
     cancelled.sort(key=lambda job: job.id)
-    if known.plan_cache_mode not in (None, "force_generic_plan"):
-        # The hooks run with the caller's setting (no round trip: it travels
+    if known.settings is not None:
+        # The hooks run with the caller's settings (no round trip: this travels
         # with the hooks' first statement, or with COMMIT).
-        yield Statement(queries.get("claim_plan_restore"),
-                        {"mode": known.plan_cache_mode}, fetch=False)
+        yield Statement(queries.get("claim_plan_restore"), known.settings, fetch=False)
     return (yield from finish(cancelled, claimed))
 
 
