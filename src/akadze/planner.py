@@ -1,7 +1,8 @@
 """The claim planner: given what a claim has read of a queue so far, decide.
 
 Pure: plain data in, a decision out; standard library only. The I/O shell is
-:mod:`akadze.claim`; the rules are those of ``docs/explanation/claim.md``.
+:mod:`akadze.windows` (run by :mod:`akadze.claim`); the rules are those of
+``docs/explanation/claim.md``.
 
 The shell reads the ready rows of one queue in queue order (``priority DESC,
 run_at, id``), a window at a time, leaving out the keys the planner excluded.

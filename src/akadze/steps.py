@@ -1,0 +1,129 @@
+"""The step language claims are written in, and the steps both claims share.
+
+A claim is a generator of steps: a :class:`Statement` to run (its rows are sent
+back), a :class:`Batch` of statements for one round trip, or the
+:class:`Transitions` whose hooks to call. The drivers in :mod:`akadze.claim` run
+the steps on a sync or an async psycopg connection; the windowed claim
+(:mod:`akadze.windows`) and the full ranking (:mod:`akadze.ranking`) are written
+once in this language.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from psycopg import sql
+
+from . import queries
+from .jobs import ClaimedJob
+
+if TYPE_CHECKING:
+    pass
+
+# -- steps ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Statement:
+    """Run this statement; the step receives its rows (a list of tuples)."""
+
+    query: sql.SQL | sql.Composed
+    params: Mapping[str, object] | None = None
+    # None: psycopg decides (it prepares a query after a few runs). Statements
+    # that carry array filters pass False: a generic plan cannot hash an array
+    # parameter and searches it linearly for every row.
+    prepare: bool | None = None
+    # False: nobody needs the rows; in the pipeline the statement then travels
+    # with the next round trip instead of causing one.
+    fetch: bool = True
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """Call the app's transition hooks for these (job, from_state, to_state)."""
+
+    changes: tuple[tuple[ClaimedJob, str, str], ...]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Run these statements in one round trip (a pipeline); the step receives
+    their rows, one list per statement. Each still runs as its own statement, in
+    order, with its own READ COMMITTED snapshot."""
+
+    statements: tuple[Statement, ...]
+
+
+Step = Statement | Batch | Transitions
+Steps = Generator[Step, Any, list[ClaimedJob]]
+Steps0 = Generator[Step, Any, None]
+Row = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One claim's arguments, checked."""
+
+    queue: str
+    slots: int
+    fair: bool
+    worker_id: str | None
+    tasks: list[str] | None
+    now: datetime | None
+
+    def params(self, now: datetime | None = None) -> dict[str, object]:
+        """``now``: the claim's resolved clock (the oracle); by default the
+        injected one, or NULL, which the statements read as the transaction's
+        ``now()``."""
+        return {"queue": self.queue, "now": now if now is not None else self.now,
+                "tasks": self.tasks}
+
+
+def job_from_row(row: Row) -> ClaimedJob:
+    """A ClaimedJob from the job columns the claim statements return."""
+    (id_, queue, task, args, priority, run_at, limit_key, run_count, attempt, max_attempts,
+     meta, unique_key, expires_at, worker_id, started_at) = row
+    return ClaimedJob(
+        id=id_, queue=queue, task=task, args=args, priority=priority, run_at=run_at,
+        limit_key=limit_key, run_count=run_count, attempt=attempt, max_attempts=max_attempts,
+        meta=meta, unique_key=unique_key, expires_at=expires_at, worker_id=worker_id,
+        started_at=started_at,
+    )
+
+
+# -- steps both claims share ------------------------------------------------------------
+
+
+def begin(request: Request) -> Generator[Step, Any, tuple[datetime, bool]]:
+    """The claim's time and whether the queue is paused."""
+    rows = yield Statement(queries.get("claim_begin"), {"now": request.now, "queue": request.queue})
+    now, paused = rows[0]
+    return now, paused
+
+
+def cancel_due(request: Request, now: datetime) -> Generator[Step, Any, list[ClaimedJob]]:
+    rows = yield Statement(queries.get("claim_cancel_due"), request.params(now))
+    return [job_from_row(r) for r in rows]
+
+
+def take(
+    request: Request, now: datetime, ids: Sequence[int]
+) -> Generator[Step, Any, list[ClaimedJob]]:
+    """Take the planned rows (those still free); returned in the order of ``ids``."""
+    params = {**request.params(now), "ids": list(ids), "worker_id": request.worker_id}
+    rows = yield Statement(queries.get("claim_take"), params)
+    by_id = {job.id: job for job in map(job_from_row, rows)}
+    return [by_id[i] for i in ids if i in by_id]
+
+
+def finish(cancelled: list[ClaimedJob], claimed: list[ClaimedJob]) -> Steps:
+    """Run the transition hooks once the claimed set is final; return the claim."""
+    changes = tuple((job, "queued", "cancelled") for job in cancelled) + tuple(
+        (job, "queued", "running") for job in claimed
+    )
+    if changes:
+        yield Transitions(changes)
+    return claimed

@@ -1,0 +1,406 @@
+"""The windowed claim: read the ready index in windows until no unread row can
+change the result.
+
+Decisions are made by the pure :mod:`akadze.planner`; this module turns them into
+steps (:mod:`akadze.steps`) and the statements of ``sql/queries/claim.sql``.
+The rules, the stop rule and the lock protocol are explained in
+``docs/explanation/claim.md``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from . import planner, queries
+from .jobs import ClaimedJob
+
+if TYPE_CHECKING:
+    pass
+from .steps import Batch, Request, Row, Statement, Step, Steps, Steps0, finish, job_from_row
+
+# -- the windowed claim -----------------------------------------------------------------
+
+# Above every smallint priority: "after" this position is the head of the queue.
+_HEAD_PRIORITY = 32768
+# Any time: with _HEAD_PRIORITY the first arm of a window is empty whatever it is.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The skip scan that lists a queue's groups stops after this many keys; below
+# it, the claim reads per group instead of filtering the queue.
+GROUP_SCAN_BOUND = 64
+# ... and it is tried only when the rows read so far show at most this many keys
+# (a queue that shows many keys in its head rarely has few in total).
+GROUP_SCAN_TRY = 16
+
+Position = tuple[int, datetime, int]
+
+
+@dataclass
+class _Reading:
+    """Where a windowed read has got to (reset when a claim plans again)."""
+
+    rows: list[planner.Row]
+    after: Position | None = None
+    complete: bool = False
+    window: int = 0
+    excluded: frozenset[str | None] = frozenset()
+    universe: frozenset[str | None] | None = None
+    scanned_groups: bool = False
+    group_reads: int = 0
+
+
+@dataclass
+class _Known:
+    """What the claim learnt about keys and groups.
+
+    ``room``: the headroom of limited keys. Read without a lock when a key is
+    first met (exact for a single claim); a key the claim takes from is locked
+    first and its headroom counted again under the lock (see :func:`_lock_taken`),
+    after which it is exact under concurrency too. ``held``: keys another claim
+    held when we tried to lock them (no room for this claim).
+    """
+
+    fair: bool
+    locked: set[str] = field(default_factory=set)
+    held: dict[str, None] = field(default_factory=dict)  # in the order met
+    unlimited: set[str] = field(default_factory=set)
+    room: dict[str, int] = field(default_factory=dict)
+    busy: dict[str | None, int] = field(default_factory=dict)
+    settings: dict[str, str] | None = None  # as they were before the claim changed them
+
+    def params(self) -> dict[str, object]:
+        """The keys whose state a reading statement need not return again."""
+        fair, busy = self.fair, self.busy
+        known = [k for k in (*self.room, *self.unlimited) if not fair or k in busy]
+        return {"known": known, "known_null": not fair or None in busy, "fair": fair}
+
+    def learn(self, key: str | None, limited: bool | None, max_running: int | None,
+              running: int | None, max_starts: int | None, starts: int | None,
+              busy: int | None) -> None:
+        if self.fair and key not in self.busy:
+            self.busy[key] = busy or 0
+        if key is None or key in self.room or key in self.unlimited:
+            return
+        if not limited:
+            self.unlimited.add(key)
+        elif key in self.held:
+            self.room[key] = 0  # another claim has it: left for the next claim
+        else:
+            self.room[key] = planner.headroom(
+                planner.Limit(max_running, running or 0, max_starts, starts or 0))
+
+
+def _after_params(after: Position | None) -> dict[str, object]:
+    if after is None:
+        return {"after_priority": _HEAD_PRIORITY, "after_run_at": _EPOCH, "after_id": 0}
+    neg_priority, run_at, id_ = after
+    return {"after_priority": -neg_priority, "after_run_at": run_at, "after_id": id_}
+
+
+def _entries(rows: list[Row], known: _Known) -> list[tuple[planner.Row, bool]]:
+    """The index entries of a reading statement; its key-state rows (id NULL,
+    after the entries) go into ``known``."""
+    entries: list[tuple[planner.Row, bool]] = []
+    make = planner.Row._make
+    for r in rows:
+        if r[0] is None:
+            known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
+        else:
+            entries.append((make(r[:4]), r[4]))
+    # A key met without a state row has no limits row and (fair) nothing running
+    # in the queue. Keys whose state was known before the statement are skipped
+    # by learn(); a key the statement left out because it was known stays as is.
+    for row, _ in entries:
+        key = row.key
+        if (key is not None and key not in known.room and key not in known.unlimited) or (
+                known.fair and key not in known.busy):
+            known.learn(key, False, None, None, None, None, 0)
+    return entries
+
+
+def _read_window(
+    request: Request, known: _Known, reading: _Reading, window: int,
+    exclude: frozenset[str | None], first: Statement | None = None,
+) -> Steps0:
+    params = {
+        **request.params(), **_after_params(reading.after), **known.params(), "window": window,
+        "skip_keys": sorted(k for k in exclude if k is not None), "skip_null": None in exclude,
+    }
+    statement = Statement(queries.get("claim_window"), params)
+    if first is None:
+        rows = yield statement
+    else:
+        first_rows, rows = yield Batch((first, statement))
+        known.settings = {"plan_cache_mode": first_rows[0][0], "jit": first_rows[0][1]}
+    entries = _entries(rows, known)
+    reading.complete = len(entries) < window
+    _advance(reading, entries)
+
+
+def _read_groups(
+    request: Request, known: _Known, reading: _Reading, window: int,
+    exclude: frozenset[str | None],
+) -> Steps0:
+    assert reading.universe is not None
+    groups = reading.universe - exclude
+    keys = sorted(k for k in groups if k is not None)
+    # Each group gets a share of the window. No group can place more than
+    # `slots` rows in the claim, so the first read asks for at most that many
+    # (one group holding the queue: `slots` rows, not the whole window); later
+    # reads (rows that were not ready for us) for at least that many.
+    share = -(-window // max(1, len(groups)))
+    per_group = (max if reading.group_reads else min)(request.slots, share)
+    reading.group_reads += 1
+    params = {
+        **request.params(), **_after_params(reading.after), **known.params(),
+        "keys": keys, "null_group": None in groups, "per_group": per_group,
+    }
+    rows = yield Statement(queries.get("claim_group_rows"), params)
+    entries = _entries(rows, known)
+    # Each group returned at most per_group entries. Up to the earliest last
+    # entry of a group that returned per_group of them, nothing was left unread
+    # (of the groups read); past it, that group may have more rows.
+    counts: Counter[str | None] = Counter(e.key for e, _ in entries)
+    last: dict[str | None, Position] = {}
+    for entry, _ in entries:
+        last[entry.key] = entry.position
+    full = [last[g] for g, n in counts.items() if n >= per_group]
+    if full:
+        edge = min(full)
+        entries = [(e, ready) for e, ready in entries if e.position <= edge]
+    else:
+        reading.complete = True
+    _advance(reading, entries)
+
+
+def _advance(reading: _Reading, entries: list[tuple[planner.Row, bool]]) -> None:
+    if entries:
+        reading.after = entries[-1][0].position
+    reading.rows.extend(e for e, ready in entries if ready)
+
+
+def _scan_groups(request: Request, reading: _Reading) -> Steps0:
+    """Try to list every group of the queue (bounded skip scan)."""
+    reading.scanned_groups = True
+    params = {"queue": request.queue, "bound": GROUP_SCAN_BOUND}
+    rows = yield Statement(queries.get("claim_groups"), params)
+    keys, has_null = rows[0]
+    if len(keys) < GROUP_SCAN_BOUND:
+        groups: set[str | None] = set(keys)
+        if has_null:
+            groups.add(None)
+        reading.universe = frozenset(groups)
+
+
+def _counts(request: Request, keys: Sequence[str], groups: Sequence[str | None]) -> Statement:
+    params = {"keys": list(keys), "groups": [g for g in groups if g is not None],
+              "null_group": None in groups, "queue": request.queue, "now": request.now}
+    return Statement(queries.get("claim_counts"), params)
+
+
+def _load_state(request: Request, known: _Known, need: planner.NeedState) -> Steps0:
+    """State the reading statements did not bring (groups found by the skip scan,
+    keys met before a re-plan): counted without locks, like theirs."""
+    keys = [k for k in need.keys if k not in known.room and k not in known.unlimited]
+    rows = yield _counts(request, keys, need.groups)
+    limited: set[str] = set()
+    for kind, key, max_running, running, max_starts, starts in rows:
+        if kind == "limit":
+            limited.add(key)
+            known.learn(key, True, max_running, running, max_starts, starts, None)
+        elif key not in known.busy:
+            known.busy[key] = running
+    known.unlimited.update(k for k in keys if k not in limited)
+    for group in need.groups:
+        known.busy.setdefault(group, 0)
+
+
+def _lock_taken(
+    request: Request, known: _Known, need: dict[str, int], claimed: bool
+) -> Generator[Step, Any, bool]:
+    """Lock the limits rows of the keys the claim is about to take from and count
+    them again in a new statement (its snapshot sees every commit made before the
+    locks were granted). ``need``: how many planned rows each key has. True when
+    every key still has room for them (for a single claim the counts are the
+    same as the plan's; under concurrency a key may have gained room since,
+    which the plan may leave unused, claim-semantics "Under concurrency"); else
+    ``known`` now holds the exact figures and the claim plans again. Never
+    waits: a key another claim holds gets no room here (see :func:`_wait_first`)."""
+    keys = list(need)
+    lock, counted = yield Batch((
+        Statement(queries.get("claim_lock"), {"keys": keys}), _counts(request, keys, ())))
+    got = {key: bool(locked) for key, locked in lock}
+    if not known.locked and not claimed and got and not any(got.values()):
+        # Every key is held by another claim and we hold no limits row and no
+        # job yet: this is the one lock of the claim that may wait, on the
+        # first such key in queue order (we hold nothing anyone could wait
+        # for: no cycle of waits).
+        first = next(k for k in keys if k in got)
+        waited, counted = yield Batch((
+            Statement(queries.get("claim_lock_first"), {"keys": [first]}),
+            _counts(request, keys, ())))
+        if waited:
+            got[first] = True
+    room = {key: planner.headroom(planner.Limit(max_running, running, max_starts, starts or 0))
+            for _, key, max_running, running, max_starts, starts in counted}
+    same = True
+    for key in keys:
+        if key not in got:  # its limits row went away meanwhile: unlimited now
+            del known.room[key]
+            known.unlimited.add(key)
+            same = False
+            continue
+        if got[key]:
+            known.locked.add(key)
+            now_room = room[key]
+        else:
+            known.held[key] = None
+            now_room = 0
+        if now_room < need[key]:
+            same = False
+        known.room[key] = now_room
+    return same
+
+
+def _wait_first(request: Request, known: _Known) -> Generator[Step, Any, None]:
+    """The one lock of a claim that may wait: the claim found nothing to take
+    because every limited key it wanted is held by other claims, and it holds no
+    limits row and no job yet. It waits for the first such key (in the order it
+    met them) and counts it in a new statement; waiting holding nothing, it
+    cannot close a cycle of waits. So a claim on a hot key makes progress
+    instead of coming back empty, and claims that could take other rows never
+    wait at all (they leave the held keys to the next claim)."""
+    first = next(iter(known.held))
+    waited, counted = yield Batch((
+        Statement(queries.get("claim_lock_first"), {"keys": [first]}),
+        _counts(request, [first], ())))
+    known.held.pop(first)
+    if not waited:  # its limits row went away meanwhile: unlimited now
+        known.room.pop(first, None)
+        known.unlimited.add(first)
+        return
+    known.locked.add(first)
+    for _, _, max_running, running, max_starts, starts in counted:
+        known.room[first] = planner.headroom(
+            planner.Limit(max_running, running, max_starts, starts or 0))
+
+
+def _take(
+    request: Request, ids: Sequence[int], sweep: bool
+) -> Generator[Step, Any, tuple[list[ClaimedJob], list[ClaimedJob]]]:
+    """Take the planned rows (those still free), and sweep cancelled/expired rows
+    when ``sweep``; returns (taken in the order of ``ids``, cancelled)."""
+    params = {**request.params(), "ids": list(ids), "worker_id": request.worker_id,
+              "sweep": sweep}
+    rows = yield Statement(queries.get("claim_take_sweep"), params)
+    by_id: dict[int, ClaimedJob] = {}
+    cancelled: list[ClaimedJob] = []
+    for row in rows:
+        job = job_from_row(row[1:])
+        if row[0] == "running":
+            by_id[job.id] = job
+        else:
+            cancelled.append(job)
+    return [by_id[i] for i in ids if i in by_id], cancelled
+
+
+def windowed_steps(request: Request) -> Steps:
+    """The windowed claim (seed-claim): read the queue in windows until the
+    planner proves that nothing unread can change the result."""
+    known = _Known(request.fair)
+    claimed: list[ClaimedJob] = []
+    cancelled: list[ClaimedJob] = []
+    skip: set[int] = set()
+    # Claims of one queue take turns (docs/explanation/claim.md, "Claims of one
+    # queue take turns"): the first lock of the claim, taken holding nothing;
+    # it travels with the first window (no round trip of its own).
+    yield Statement(queries.get("claim_queue_turn"), {"queue": request.queue}, fetch=False)
+    swept = waited = False
+    universe: frozenset[str | None] | None = None
+    scanned = False
+    while len(claimed) < request.slots:
+        slots = request.slots - len(claimed)
+        reading = _Reading(rows=[], universe=universe, scanned_groups=scanned)
+        decision: planner.Decision
+        while True:
+            view = planner.View(
+                slots=slots, fair=request.fair, rows=reading.rows,
+                boundary=-reading.after[0] if reading.after else None,
+                complete=reading.complete, window=reading.window,
+                excluded=reading.excluded, headroom=known.room,
+                unlimited=known.unlimited, busy=known.busy, universe=reading.universe,
+                skip=skip,
+            )
+            decision = planner.plan(view)
+            if isinstance(decision, planner.Settled):
+                want = set(decision.take)
+                need = Counter(
+                    r.key for r in reading.rows
+                    if r.id in want and r.key in known.room and r.key not in known.locked)
+                if need:
+                    if (yield from _lock_taken(request, known, need, bool(claimed))):
+                        break
+                    # A headroom changed under the lock (another claim started
+                    # or finished jobs of the key, or holds it): plan again.
+                elif decision.take or claimed or known.locked or not known.held or waited:
+                    break
+                else:
+                    waited = True
+                    yield from _wait_first(request, known)
+                # From the head; the groups listed by a skip scan stay listed.
+                reading = _Reading(rows=[], universe=reading.universe,
+                                   scanned_groups=reading.scanned_groups)
+                continue
+            if isinstance(decision, planner.NeedState):
+                yield from _load_state(request, known, decision)
+                continue
+            if (reading.universe is None and not reading.scanned_groups and reading.window
+                    and len({r.key for r in reading.rows}) <= GROUP_SCAN_TRY):
+                yield from _scan_groups(request, reading)
+                if reading.universe is not None:
+                    continue  # plan again: fair groups may need their busy counts
+            reading.window = decision.window
+            reading.excluded = decision.exclude
+            reading.rows = planner.prune(reading.rows, known.room, reading.excluded)
+            if reading.universe is not None:
+                yield from _read_groups(request, known, reading, decision.window,
+                                        decision.exclude)
+            else:
+                first = None
+                if known.settings is None:
+                    first = Statement(queries.get("claim_plan_generic"))
+                yield from _read_window(request, known, reading, decision.window,
+                                        decision.exclude, first)
+        planned = decision.take
+        if not planned and swept:
+            break
+        got, gone = yield from _take(request, planned, not swept)
+        swept = True
+        claimed.extend(got)
+        cancelled.extend(gone)
+        if len(got) == len(planned):
+            break
+        # Rows another claim holds: plan the remaining slots again from the head,
+        # leaving them out. The rows just taken now run, and count: every
+        # limited key taken from is locked by us, so its headroom is exact
+        # after taking one per row; each taken row adds one to its group's busy.
+        taken = {job.id for job in got}
+        skip.update(i for i in planned if i not in taken)
+        for job in got:
+            key = job.limit_key
+            if key is not None and key in known.room:
+                known.room[key] = max(0, known.room[key] - 1)
+            if request.fair:
+                known.busy[key] = known.busy.get(key, 0) + 1
+        universe, scanned = reading.universe, reading.scanned_groups
+    if not swept:
+        _, cancelled = yield from _take(request, (), True)
+    cancelled.sort(key=lambda job: job.id)
+    if known.settings is not None:
+        # The hooks run with the caller's settings (no round trip: this travels
+        # with the hooks' first statement, or with COMMIT).
+        yield Statement(queries.get("claim_plan_restore"), known.settings, fetch=False)
+    return (yield from finish(cancelled, claimed))
