@@ -12,6 +12,7 @@ import hashlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -154,3 +155,27 @@ async def aconn(database_url: str) -> AsyncIterator[psycopg.AsyncConnection[tupl
     connection = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
     async with connection:
         yield connection
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Any]:
+    """A SQLAlchemy engine (psycopg driver) on the test database."""
+    import sqlalchemy as sa
+
+    from akadze.database import sqlalchemy_url
+
+    engine = sa.create_engine(sqlalchemy_url(database_url))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+async def async_engine(database_url: str) -> AsyncIterator[Any]:
+    """A SQLAlchemy async engine (psycopg driver) on the test database."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from akadze.database import sqlalchemy_url
+
+    engine = create_async_engine(sqlalchemy_url(database_url))
+    yield engine
+    await engine.dispose()

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from akadze import Akadze, ConfigurationError, EnqueueError
-from akadze.database import sqlalchemy_url
 
 
 @pytest.fixture
@@ -26,20 +24,6 @@ def hello(app: Akadze) -> Any:
 
 def names(conn: psycopg.Connection[Any]) -> list[str]:
     return [row[0] for row in conn.execute("SELECT args->>'name' FROM akadze.jobs ORDER BY id")]
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(sqlalchemy_url(database_url))
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-async def async_engine(database_url: str) -> AsyncIterator[Any]:
-    engine = create_async_engine(sqlalchemy_url(database_url))
-    yield engine
-    await engine.dispose()
 
 
 def test_psycopg_sync_commit_and_rollback(database_url: str, conn: Any, hello: Any) -> None:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 import psycopg_pool
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from akadze import Akadze, ConfigurationError
-from akadze.database import sqlalchemy_url
 from akadze.sessions import (
     async_connection,
     reading,
@@ -32,20 +30,6 @@ def table(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 
 def marks(conn: psycopg.Connection[Any]) -> list[int]:
     return [row[0] for row in conn.execute("SELECT x FROM marks ORDER BY x")]
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(sqlalchemy_url(database_url))
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-async def async_engine(database_url: str) -> AsyncIterator[Any]:
-    engine = create_async_engine(sqlalchemy_url(database_url))
-    yield engine
-    await engine.dispose()
 
 
 # -- psycopg ---------------------------------------------------------------------------
