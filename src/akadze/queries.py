@@ -16,6 +16,19 @@ from psycopg import sql
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
+def _compact(body: str) -> str:
+    """The query as sent: without its comment lines, blank lines and indentation.
+
+    The comments stay in the ``.sql`` files, where they explain the query; the
+    server does not need them, and psycopg caches its conversion of a query (the
+    placeholders) only for texts up to 4 KiB: the claim's longest statements
+    pass that with their comments, and were parsed again at every execution.
+    Only whole comment lines go (no SQL string of ours spans lines or starts a
+    line with ``--``)."""
+    lines = (line.strip() for line in body.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
+
+
 def _parse(text: str, source: str) -> dict[str, str]:
     found: dict[str, str] = {}
     parts = _NAME.split(text)
@@ -23,7 +36,7 @@ def _parse(text: str, source: str) -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in found:
             raise RuntimeError(f"query {name!r} defined twice ({source})")
-        found[name] = body.strip().rstrip(";").strip()
+        found[name] = _compact(body).rstrip(";").strip()
     return found
 
 
@@ -49,6 +62,7 @@ def text(name: str) -> str:
         raise KeyError(f"no SQL query named {name!r}") from None
 
 
+@cache
 def get(name: str) -> sql.SQL:
     """The named query as a psycopg ``sql.SQL`` object, ready to execute."""
     return sql.SQL(text(name))
