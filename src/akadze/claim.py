@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, overload
 
@@ -143,6 +144,7 @@ def _request(
 def _dispatch(
     conn: Any, request: Request, app: Akadze | None, steps: Callable[[Request], Steps]
 ) -> Any:
+    request = replace(request, hooks=bool(app is not None and app.on_transition_hooks))
     if isinstance(conn, psycopg.AsyncConnection):
         if request.slots == 0:
             return _nothing()

@@ -73,6 +73,8 @@ class Request:
     worker_id: str | None
     tasks: list[str] | None
     now: datetime | None
+    # Whether transition hooks run in the claim's transaction after it.
+    hooks: bool = True
 
     def params(self, now: datetime | None = None) -> dict[str, object]:
         """``now``: the claim's resolved clock (the oracle); by default the

@@ -10,7 +10,7 @@ The rules, the stop rule and the lock protocol are explained in
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,15 @@ GROUP_SCAN_BOUND = 64
 GROUP_SCAN_TRY = 16
 
 Position = tuple[int, datetime, int]
+
+
+def _statement(name: str, params: Mapping[str, object] | None = None,
+               fetch: bool = True) -> Statement:
+    """A statement of the windowed claim, prepared from its first run: the claim
+    runs it with generic plans (claim_plan_generic), so preparing it at once
+    spares planning it at every claim until psycopg's prepare threshold; a
+    worker's second claim is already as fast as its hundredth."""
+    return Statement(queries.get(name), params, prepare=True, fetch=fetch)
 
 
 @dataclass
@@ -123,21 +132,26 @@ def _entries(rows: list[Row], known: _Known) -> list[tuple[planner.Row, bool]]:
 
 def _read_window(
     request: Request, known: _Known, reading: _Reading, window: int,
-    exclude: frozenset[str | None], first: Statement | None = None,
+    exclude: frozenset[str | None], first: bool = False,
 ) -> Steps0:
     params = {
         **request.params(), **_after_params(reading.after), **known.params(), "window": window,
         "skip_keys": sorted(k for k in exclude if k is not None), "skip_null": None in exclude,
     }
-    statement = Statement(queries.get("claim_window"), params)
-    if first is None:
+    statement = _statement("claim_window", params)
+    if not first:
         rows = yield statement
     else:
-        first_rows, rows = yield Batch((first, statement))
-        known.settings = {"plan_cache_mode": first_rows[0][0], "jit": first_rows[0][1]}
+        # The claim's first round trip: its plan settings, the first window, and
+        # the guarded skip scan of the queue's groups (claim_groups).
+        settings, rows, groups = yield Batch((
+            _statement("claim_plan_generic"), statement, _groups(request, window)))
+        known.settings = {"plan_cache_mode": settings[0][0], "jit": settings[0][1]}
     entries = _entries(rows, known)
     reading.complete = len(entries) < window
     _advance(reading, entries)
+    if first:
+        _learn_groups(known, reading, groups[0])
 
 
 def _read_groups(
@@ -146,6 +160,10 @@ def _read_groups(
 ) -> Steps0:
     assert reading.universe is not None
     groups = reading.universe - exclude
+    if not groups:
+        # Every group of the queue is left out: nothing to read.
+        reading.complete = True
+        return
     keys = sorted(k for k in groups if k is not None)
     # Each group gets a share of the window. No group can place more than
     # `slots` rows in the claim, so the first read asks for at most that many
@@ -158,7 +176,7 @@ def _read_groups(
         **request.params(), **_after_params(reading.after), **known.params(),
         "keys": keys, "null_group": None in groups, "per_group": per_group,
     }
-    rows = yield Statement(queries.get("claim_group_rows"), params)
+    rows = yield _statement("claim_group_rows", params)
     entries = _entries(rows, known)
     # Each group returned at most per_group entries. Up to the earliest last
     # entry of a group that returned per_group of them, nothing was left unread
@@ -182,23 +200,43 @@ def _advance(reading: _Reading, entries: list[tuple[planner.Row, bool]]) -> None
     reading.rows.extend(e for e, ready in entries if ready)
 
 
-def _scan_groups(request: Request, reading: _Reading) -> Steps0:
-    """Try to list every group of the queue (bounded skip scan)."""
+def _groups(request: Request, window: int) -> Statement:
+    """The bounded skip scan of the queue's groups (claim_groups); ``window`` > 0
+    guards it by the number of groups in the queue's first ``window`` entries."""
+    params = {"queue": request.queue, "now": request.now, "bound": GROUP_SCAN_BOUND,
+              "window": window, "try": GROUP_SCAN_TRY, "fair": request.fair}
+    return _statement("claim_groups", params)
+
+
+def _learn_groups(known: _Known, reading: _Reading, row: Row) -> None:
+    scanned, keys, has_null, busy, null_busy = row
+    if not scanned:
+        return
     reading.scanned_groups = True
-    params = {"queue": request.queue, "bound": GROUP_SCAN_BOUND}
-    rows = yield Statement(queries.get("claim_groups"), params)
-    keys, has_null = rows[0]
-    if len(keys) < GROUP_SCAN_BOUND:
-        groups: set[str | None] = set(keys)
+    if len(keys) >= GROUP_SCAN_BOUND:
+        return
+    groups: set[str | None] = set(keys)
+    if has_null:
+        groups.add(None)
+    reading.universe = frozenset(groups)
+    if busy is not None:  # fair: every group's running jobs in the queue
+        for key, count in zip(keys, busy, strict=True):
+            known.busy.setdefault(key, count)
         if has_null:
-            groups.add(None)
-        reading.universe = frozenset(groups)
+            known.busy.setdefault(None, null_busy)
+
+
+def _scan_groups(request: Request, known: _Known, reading: _Reading) -> Steps0:
+    """Try to list every group of the queue (bounded skip scan, unguarded)."""
+    reading.scanned_groups = True
+    rows = yield _groups(request, 0)
+    _learn_groups(known, reading, rows[0])
 
 
 def _counts(request: Request, keys: Sequence[str], groups: Sequence[str | None]) -> Statement:
     params = {"keys": list(keys), "groups": [g for g in groups if g is not None],
               "null_group": None in groups, "queue": request.queue, "now": request.now}
-    return Statement(queries.get("claim_counts"), params)
+    return _statement("claim_counts", params)
 
 
 def _load_state(request: Request, known: _Known, need: planner.NeedState) -> Steps0:
@@ -231,7 +269,7 @@ def _lock_taken(
     waits: a key another claim holds gets no room here (see :func:`_wait_first`)."""
     keys = list(need)
     lock, counted = yield Batch((
-        Statement(queries.get("claim_lock"), {"keys": keys}), _counts(request, keys, ())))
+        _statement("claim_lock", {"keys": keys}), _counts(request, keys, ())))
     got = {key: bool(locked) for key, locked in lock}
     if not known.locked and not claimed and got and not any(got.values()):
         # Every key is held by another claim and we hold no limits row and no
@@ -240,7 +278,7 @@ def _lock_taken(
         # for: no cycle of waits).
         first = next(k for k in keys if k in got)
         waited, counted = yield Batch((
-            Statement(queries.get("claim_lock_first"), {"keys": [first]}),
+            _statement("claim_lock_first", {"keys": [first]}),
             _counts(request, keys, ())))
         if waited:
             got[first] = True
@@ -275,7 +313,7 @@ def _wait_first(request: Request, known: _Known) -> Generator[Step, Any, None]:
     wait at all (they leave the held keys to the next claim)."""
     first = next(iter(known.held))
     waited, counted = yield Batch((
-        Statement(queries.get("claim_lock_first"), {"keys": [first]}),
+        _statement("claim_lock_first", {"keys": [first]}),
         _counts(request, [first], ())))
     known.held.pop(first)
     if not waited:  # its limits row went away meanwhile: unlimited now
@@ -295,7 +333,7 @@ def _take(
     when ``sweep``; returns (taken in the order of ``ids``, cancelled)."""
     params = {**request.params(), "ids": list(ids), "worker_id": request.worker_id,
               "sweep": sweep}
-    rows = yield Statement(queries.get("claim_take_sweep"), params)
+    rows = yield _statement("claim_take_sweep", params)
     by_id: dict[int, ClaimedJob] = {}
     cancelled: list[ClaimedJob] = []
     for row in rows:
@@ -317,7 +355,7 @@ def windowed_steps(request: Request) -> Steps:
     # Claims of one queue take turns (docs/explanation/claim.md, "Claims of one
     # queue take turns"): the first lock of the claim, taken holding nothing;
     # it travels with the first window (no round trip of its own).
-    yield Statement(queries.get("claim_queue_turn"), {"queue": request.queue}, fetch=False)
+    yield _statement("claim_queue_turn", {"queue": request.queue}, fetch=False)
     swept = waited = False
     universe: frozenset[str | None] | None = None
     scanned = False
@@ -359,7 +397,7 @@ def windowed_steps(request: Request) -> Steps:
                 continue
             if (reading.universe is None and not reading.scanned_groups and reading.window
                     and len({r.key for r in reading.rows}) <= GROUP_SCAN_TRY):
-                yield from _scan_groups(request, reading)
+                yield from _scan_groups(request, known, reading)
                 if reading.universe is not None:
                     continue  # plan again: fair groups may need their busy counts
             reading.window = decision.window
@@ -369,11 +407,8 @@ def windowed_steps(request: Request) -> Steps:
                 yield from _read_groups(request, known, reading, decision.window,
                                         decision.exclude)
             else:
-                first = None
-                if known.settings is None:
-                    first = Statement(queries.get("claim_plan_generic"))
                 yield from _read_window(request, known, reading, decision.window,
-                                        decision.exclude, first)
+                                        decision.exclude, first=known.settings is None)
         planned = decision.take
         if not planned and swept:
             break
@@ -399,8 +434,9 @@ def windowed_steps(request: Request) -> Steps:
     if not swept:
         _, cancelled = yield from _take(request, (), True)
     cancelled.sort(key=lambda job: job.id)
-    if known.settings is not None:
+    if known.settings is not None and request.hooks:
         # The hooks run with the caller's settings (no round trip: this travels
-        # with the hooks' first statement, or with COMMIT).
-        yield Statement(queries.get("claim_plan_restore"), known.settings, fetch=False)
+        # with the hooks' first statement). Without hooks nothing more runs in
+        # the transaction, and its settings end with it.
+        yield _statement("claim_plan_restore", known.settings, fetch=False)
     return (yield from finish(cancelled, claimed))

@@ -205,14 +205,34 @@ ORDER BY 2 DESC NULLS LAST, 3, 1
 -- name: claim_groups
 -- A bounded skip scan of jobs_ready_key_idx (queue, limit_key, ...): the
 -- distinct non-null keys with queued rows in the queue, one index probe each
--- (~10 us), without reading their backlogs; stops after `bound` keys. The last
--- column says whether the queue has queued rows without a key. When fewer than
--- `bound` keys come back, the list is complete and the claim can read each
+-- (~10 us), without reading their backlogs; stops after `bound` keys. When fewer
+-- than `bound` keys come back, the list is complete and the claim can read each
 -- group's rows directly (claim_group_rows) instead of filtering the queue.
-WITH RECURSIVE found AS (
+--
+-- Guarded, so that it can travel in the claim's first round trip: it scans only
+-- when the first `window` entries of the queue (the claim's first window, read
+-- again here: ~80 index tuples) hold at most `try` distinct groups; a queue that
+-- shows many groups in its head rarely has few in total, and the probes would
+-- be wasted. window = 0: no guard (the claim asks again later, having seen few
+-- groups). `scanned` says whether it ran. With `fair`, a complete list also
+-- brings each group's busy count (running jobs of the group in this queue),
+-- which the fair planner needs for every group of the queue.
+WITH RECURSIVE guard AS (
+    SELECT %(window)s::int = 0 OR (
+        SELECT count(DISTINCT h.limit_key) + COALESCE(bool_or(h.limit_key IS NULL), false)::int
+        FROM (SELECT c.limit_key
+              FROM akadze.jobs c
+              WHERE c.queue = %(queue)s AND c.state = 'queued'
+                AND c.run_at <= COALESCE(%(now)s::timestamptz, now())
+              ORDER BY c.priority DESC, c.run_at, c.id
+              LIMIT %(window)s) h
+    ) <= %(try)s AS ok
+),
+found AS (
     (SELECT k.limit_key
      FROM akadze.jobs k
-     WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key IS NOT NULL
+     WHERE (SELECT ok FROM guard)
+       AND k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key IS NOT NULL
      ORDER BY k.limit_key
      LIMIT 1)
     UNION ALL
@@ -223,15 +243,37 @@ WITH RECURSIVE found AS (
             LIMIT 1)
     FROM found f
     WHERE f.limit_key IS NOT NULL
+),
+listed AS (
+    SELECT limit_key FROM found WHERE limit_key IS NOT NULL LIMIT %(bound)s
+),
+null_group AS (
+    SELECT (SELECT ok FROM guard) AND EXISTS (
+        -- Ordered like jobs_ready_key_idx so that the plan probes that index (an
+        -- IS NULL is no equality: without the ORDER BY a generic plan scanned
+        -- the table for the first null, 6 ms behind 50 000 keyed rows).
+        SELECT 1 FROM (
+            SELECT n.id FROM akadze.jobs n
+            WHERE n.queue = %(queue)s AND n.state = 'queued' AND n.limit_key IS NULL
+            ORDER BY n.limit_key, n.priority DESC, n.run_at, n.id
+            LIMIT 1) x) AS present
+),
+complete AS (
+    SELECT (SELECT ok FROM guard) AND (SELECT count(*) FROM listed) < %(bound)s AS yes
 )
-SELECT array(SELECT limit_key FROM found WHERE limit_key IS NOT NULL LIMIT %(bound)s),
-       -- Ordered like jobs_ready_key_idx so that the plan probes that index (an
-       -- IS NULL is no equality: without the ORDER BY a generic plan scanned the
-       -- table for the first null, 6 ms behind 50 000 keyed rows).
-       (SELECT n.id FROM akadze.jobs n
-        WHERE n.queue = %(queue)s AND n.state = 'queued' AND n.limit_key IS NULL
-        ORDER BY n.limit_key, n.priority DESC, n.run_at, n.id
-        LIMIT 1) IS NOT NULL
+SELECT (SELECT ok FROM guard) AS scanned,
+       array(SELECT limit_key FROM listed ORDER BY limit_key) AS keys,
+       (SELECT present FROM null_group) AS has_null,
+       CASE WHEN %(fair)s AND (SELECT yes FROM complete) THEN
+           array(SELECT (SELECT count(*) FROM akadze.jobs r
+                         WHERE r.state = 'running' AND r.limit_key = l.limit_key
+                           AND r.queue = %(queue)s)
+                 FROM listed l ORDER BY l.limit_key) END AS busy,
+       CASE WHEN %(fair)s AND (SELECT yes FROM complete)
+                 AND (SELECT present FROM null_group) THEN
+           (SELECT count(*) FROM akadze.jobs r
+            WHERE r.state = 'running' AND r.limit_key IS NULL AND r.queue = %(queue)s)
+       END AS null_busy
 
 -- name: claim_group_rows
 -- The next `per_group` index entries after P of each listed group, through
