@@ -5,7 +5,14 @@ INSERT ... SELECT generate_series and then VACUUM ANALYZE. A claim is timed
 through the public calls (``claim_oracle``: the full ranking in one statement;
 ``claim``: the windowed claim); each commits like a worker's claim and is then
 undone (rows back to queued with their counters, start marks removed) and the
-table vacuumed, untimed, so every claim sees the same queue.
+table vacuumed, untimed, so every claim sees the same queue. Beside them, the
+floor: a plain SKIP LOCKED claim of 20 with no limits and no fairness, committed
+and undone the same way.
+
+The seed's bench rolls each claim back instead. Here that would measure
+something no worker sees: psycopg forgets its prepared statements at every
+ROLLBACK, so each claim would be planned from scratch (about 4 ms more per
+claim on this host), where a worker's claims reuse their plans.
 """
 
 from __future__ import annotations
@@ -165,6 +172,7 @@ class Timing:
     jobs: int
     oracle_ms: list[float] = field(default_factory=list)
     claim_ms: list[float] = field(default_factory=list)
+    plain_ms: list[float] = field(default_factory=list)
     claimed: int = 0
     same: bool = True
 
@@ -178,6 +186,11 @@ class Timing:
         return statistics.median(self.claim_ms)
 
     @property
+    def plain(self) -> float:
+        """Median of the plain SKIP LOCKED claim (the floor); NaN when not run."""
+        return statistics.median(self.plain_ms) if self.plain_ms else float("nan")
+
+    @property
     def ratio(self) -> float:
         return self.oracle / self.windowed if self.windowed else float("nan")
 
@@ -187,9 +200,24 @@ def _timed(conn: Conn, fn: ClaimFn, fair: bool) -> tuple[float, list[int]]:
     got = fn(conn, queue=QUEUE, slots=SLOTS, fair=fair, worker_id="bench")
     elapsed = (time.perf_counter() - started) * 1000
     ids = [job.id for job in got]
+    _undo(conn, ids)
+    return elapsed, ids
+
+
+def _timed_plain(conn: Conn) -> float:
+    """The floor: one plain SKIP LOCKED claim statement in its own transaction."""
+    started = time.perf_counter()
+    with conn.transaction():
+        ids = [r[0] for r in conn.execute(queries.get("bench_plain_claim"),
+                                          {"queue": QUEUE, "slots": SLOTS})]
+    elapsed = (time.perf_counter() - started) * 1000
+    _undo(conn, ids)
+    return elapsed
+
+
+def _undo(conn: Conn, ids: list[int]) -> None:
     conn.execute(queries.get("bench_restore"), {"ids": ids})
     conn.execute("VACUUM akadze.jobs")
-    return elapsed, ids
 
 
 def measure(conn: Conn, scenario: Scenario, order: str, jobs: int, repeat: int,
@@ -198,7 +226,9 @@ def measure(conn: Conn, scenario: Scenario, order: str, jobs: int, repeat: int,
     once it has spent ``oracle_budget`` seconds (it can take seconds per claim)."""
     fair = order == "fair"
     timing = Timing(scenario, order, jobs)
-    _timed(conn, claim, fair)  # warm-up, untimed (it also warms the cache for the oracle)
+    # warm-up, untimed (it also warms the cache for the oracle)
+    _timed(conn, claim, fair)
+    _timed_plain(conn)
     expected: list[int] | None = None
     spent = 0.0
     for _ in range(repeat):
@@ -217,4 +247,5 @@ def measure(conn: Conn, scenario: Scenario, order: str, jobs: int, repeat: int,
             timing.claimed = len(ids)
         elif ids != expected:
             timing.same = False
+        timing.plain_ms.append(_timed_plain(conn))
     return timing

@@ -107,14 +107,15 @@ def speed_rows(timings: Sequence[Timing], *, titles: bool = True) -> list[tuple[
          _fmt_ms(t.oracle) + ("" if len(t.oracle_ms) == len(t.claim_ms)
                               else f" (n={len(t.oracle_ms)})"),
          _fmt_ms(t.windowed), "-" if t.ratio != t.ratio else f"{t.ratio:.1f}x",
-         str(t.claimed), "-" if not t.oracle_ms else "yes" if t.same else "NO")
+         _fmt_ms(t.plain), str(t.claimed), "-" if not t.oracle_ms else "yes" if t.same else "NO")
         for t in timings
     ]
 
 
 SPEED_COLUMNS = ("queue", "order", "ready jobs", "full ranking ms", "windowed ms", "ratio",
-                 "claimed", "same jobs")
-SHORT_COLUMNS = ("scenario", "order", "jobs", "ranking", "windowed", "ratio", "got", "same")
+                 "plain SKIP LOCKED ms", "claimed", "same jobs")
+SHORT_COLUMNS = ("scenario", "order", "jobs", "ranking", "windowed", "ratio", "plain", "got",
+                 "same")
 LOAD_COLUMNS = ("order", "claimed", "completed", "claimed twice", "errors", "elapsed s",
                 "samples", "samples over a limit", "trigger violations")
 
@@ -144,8 +145,14 @@ def write_report(path: Path, host: dict[str, str], repeat: int,
         "ranking where marked n=: it stops repeating after its time budget). "
         "*Full ranking*: "
         "`claim_oracle`, which ranks the whole ready set in one statement. *Windowed*: "
-        "`claim`. Both are the public calls, each committing its own transaction; "
-        "between claims the claimed rows are restored and the table vacuumed (untimed).",
+        "`claim`. Both are the public calls, each committing its own transaction "
+        "(`synchronous_commit = on`); between claims the claimed rows are restored and "
+        "the table vacuumed (untimed). *Plain SKIP LOCKED*: the floor, one statement "
+        "taking the first 20 ready rows with no limits and no fairness "
+        "(`bench_plain_claim`), committed and restored the same way. The seed's bench "
+        "rolls claims back instead; psycopg forgets its prepared statements at every "
+        "ROLLBACK, so that would time a claim planned from scratch, which no worker "
+        "sees.",
         "",
         _md_table(SPEED_COLUMNS, speed_rows(timings)),
         "",

@@ -137,3 +137,26 @@ DROP SCHEMA IF EXISTS akadze_bench CASCADE
 -- name: bench_load_violations
 SELECT count(*), count(DISTINCT key), max(running - max_running)
 FROM akadze_bench.violations
+
+-- name: bench_plain_claim
+-- The floor the claim is compared with: the plain claim of a queue without
+-- limits or fairness, one statement (the first `slots` ready rows in queue order
+-- through jobs_ready_idx, FOR UPDATE SKIP LOCKED, marked running). Not exact
+-- for any queue with limits or fair turns; timed only to show what a claim of
+-- 20 costs on this host at all.
+WITH picked AS (
+    SELECT j.id
+    FROM akadze.jobs j
+    WHERE j.queue = %(queue)s AND j.state = 'queued' AND j.run_at <= now()
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT %(slots)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE akadze.jobs j
+SET state = 'running', run_count = j.run_count + 1, attempt = j.attempt + 1,
+    worker_id = 'bench', started_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
+          j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
+          j.started_at
