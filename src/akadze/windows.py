@@ -80,10 +80,12 @@ class _Known:
     busy: dict[str | None, int] = field(default_factory=dict)
     settings: dict[str, str] | None = None  # as they were before the claim changed them
 
-    def params(self) -> dict[str, object]:
-        """The keys whose state a reading statement need not return again."""
+    def params(self, exclude: frozenset[str | None]) -> dict[str, object]:
+        """The keys whose state a reading statement need not return again (the
+        excluded ones it never meets: they are not sent)."""
         fair, busy = self.fair, self.busy
-        known = [k for k in (*self.room, *self.unlimited) if not fair or k in busy]
+        known = [k for k in (*self.room, *self.unlimited)
+                 if (not fair or k in busy) and k not in exclude]
         return {"known": known, "known_null": not fair or None in busy, "fair": fair}
 
     def learn(self, key: str | None, limited: bool | None, max_running: int | None,
@@ -135,7 +137,7 @@ def _read_window(
     exclude: frozenset[str | None], first: bool = False,
 ) -> Steps0:
     params = {
-        **request.params(), **_after_params(reading.after), **known.params(), "window": window,
+        **request.params(), **_after_params(reading.after), **known.params(exclude), "window": window,
         "skip_keys": sorted(k for k in exclude if k is not None), "skip_null": None in exclude,
     }
     statement = _statement("claim_window", params)
@@ -173,7 +175,7 @@ def _read_groups(
     per_group = (max if reading.group_reads else min)(request.slots, share)
     reading.group_reads += 1
     params = {
-        **request.params(), **_after_params(reading.after), **known.params(),
+        **request.params(), **_after_params(reading.after), **known.params(exclude),
         "keys": keys, "null_group": None in groups, "per_group": per_group,
     }
     rows = yield _statement("claim_group_rows", params)
