@@ -125,8 +125,19 @@ def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Ke
                 got = sorted((e for h in heads for e in h), key=lambda e: e.row.position)
                 complete = True
         else:
-            got = after[:window]
-            complete = len(got) < window
+            scanned = after[:window]
+            got = scanned
+            if decision.need is not None:
+                # The read may stop after the need-th row of a key without a
+                # limits row (claim_window): still a prefix.
+                free = 0
+                for i, e in enumerate(scanned):
+                    if e.row.key is None or e.row.key not in room:
+                        free += 1
+                        if free >= decision.need:
+                            got = scanned[: i + 1]
+                            break
+            complete = len(got) == len(scanned) < window
         if got:
             pos = got[-1].row.position
             boundary = got[-1].row.priority

@@ -135,10 +135,17 @@ class NeedState:
 
 @dataclass(frozen=True)
 class ReadMore:
-    """Read the next ``window`` rows after the boundary, leaving out ``exclude``."""
+    """Read the next ``window`` rows after the boundary, leaving out ``exclude``.
+
+    ``need`` (default order): the read may stop early, after the ``need``-th row
+    of a key without a limits row (or without a key): such rows are eligible, and
+    once that many are read the claim can settle. What is read is still a prefix
+    of the queue, so stopping early changes what is read, never the result.
+    None: read the whole window (fair order, where eligibility is not enough)."""
 
     window: int
     exclude: frozenset[Key]
+    need: int | None = None
 
 
 Decision = Settled | NeedState | ReadMore
@@ -231,7 +238,8 @@ def plan(view: View) -> Decision:
     # read, nothing unread can take their place.
     if len(eligible) >= view.slots or view.complete:
         return Settled(tuple(row.id for row in eligible[: view.slots]))
-    return ReadMore(_next_window(view), view.excluded | _exhausted(view, seen))
+    return ReadMore(_next_window(view), view.excluded | _exhausted(view, seen),
+                    need=view.slots - len(eligible))
 
 
 def turns(rows: Iterable[Row], busy: Mapping[Key, int]) -> list[tuple[Row, int]]:

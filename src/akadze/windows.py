@@ -134,10 +134,11 @@ def _entries(rows: list[Row], known: _Known) -> list[tuple[planner.Row, bool]]:
 
 def _read_window(
     request: Request, known: _Known, reading: _Reading, window: int,
-    exclude: frozenset[str | None], first: bool = False,
+    exclude: frozenset[str | None], need: int | None, first: bool = False,
 ) -> Steps0:
     params = {
-        **request.params(), **_after_params(reading.after), **known.params(exclude), "window": window,
+        **request.params(), **_after_params(reading.after), **known.params(exclude),
+        "window": window, "need": need,
         "skip_keys": sorted(k for k in exclude if k is not None), "skip_null": None in exclude,
     }
     statement = _statement("claim_window", params)
@@ -150,7 +151,10 @@ def _read_window(
             _statement("claim_plan_generic"), statement, _groups(request, window)))
         known.settings = {"plan_cache_mode": settings[0][0], "jit": settings[0][1]}
     entries = _entries(rows, known)
-    reading.complete = len(entries) < window
+    # Read to the end only if the window was not cut short (planner.ReadMore.need)
+    # and still came back short of its size.
+    scanned = next((r[11] for r in rows if r[0] is not None), 0)
+    reading.complete = len(entries) == scanned < window
     _advance(reading, entries)
     if first:
         _learn_groups(known, reading, groups[0])
@@ -410,7 +414,8 @@ def windowed_steps(request: Request) -> Steps:
                                         decision.exclude)
             else:
                 yield from _read_window(request, known, reading, decision.window,
-                                        decision.exclude, first=known.settings is None)
+                                        decision.exclude, decision.need,
+                                        first=known.settings is None)
         planned = decision.take
         if not planned and swept:
             break

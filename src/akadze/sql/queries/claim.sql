@@ -104,7 +104,8 @@ SELECT * FROM taken
 
 -- name: claim_window
 -- The next `window` index entries of the queue after P, leaving out the
--- excluded keys (skip_keys text[], and the null group when skip_null).
+-- excluded keys (skip_keys text[], and the null group when skip_null), cut
+-- short after the need-th free entry when `need` is given (see "free" below).
 --
 -- The candidates come from an index-only scan of jobs_ready_idx (queue,
 -- priority DESC, run_at, id) INCLUDE (limit_key): skipping the rows of an
@@ -148,13 +149,41 @@ WITH candidates AS (
      LIMIT %(window)s)
     LIMIT %(window)s
 )
+-- The early stop (default order, `need` not null): the entries up to and with
+-- the need-th one of a key without a limits row (or without a key). Such an
+-- entry is eligible (if ready), so with that many the claim can settle: the
+-- window's tail would be read, sent, and have its keys' state looked up for
+-- nothing (a window that follows many excluded keys is large). What is returned
+-- stays a prefix of the queue; `scanned` (on every entry) lets the caller tell
+-- a cut window from the end of the queue.
+, free AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key,
+           %(need)s::int IS NOT NULL
+           AND (c.limit_key IS NULL
+                OR NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key))
+               AS free
+    FROM candidates c
+)
+, counted AS (
+    SELECT f.id, f.priority, f.run_at, f.limit_key,
+           count(*) OVER () AS scanned,
+           count(*) FILTER (WHERE f.free) OVER (
+               ORDER BY f.priority DESC, f.run_at, f.id
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS free_before
+    FROM free f
+)
+, kept AS (
+    SELECT k.id, k.priority, k.run_at, k.limit_key, k.scanned
+    FROM counted k
+    WHERE %(need)s::int IS NULL OR k.free_before < %(need)s::int
+)
 -- The state of the keys met in these entries whose state the caller does not
 -- know yet (known: text[], known_null: the null group), read WITHOUT locks: the
 -- limits row, running(k) and starts(k), and in fair mode busy(g). In this
 -- statement's snapshot the counts are exact for a single claim; a key is locked
 -- (and counted again) only if the claim goes on to take from it (claim_lock).
 , met AS (
-    SELECT DISTINCT c.limit_key FROM candidates c
+    SELECT DISTINCT c.limit_key FROM kept c
     WHERE (c.limit_key IS NULL AND NOT %(known_null)s)
        OR c.limit_key NOT IN (SELECT unnest(%(known)s::text[]))
 )
@@ -165,8 +194,9 @@ SELECT c.id, c.priority, c.run_at, c.limit_key,
         FROM akadze.jobs j
         WHERE j.id = c.id) AS ready,
        NULL::boolean AS limited, NULL::integer AS max_running, NULL::bigint AS running,
-       NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy
-FROM candidates c
+       NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
+       c.scanned
+FROM kept c
 -- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
 WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
 UNION ALL
@@ -174,7 +204,7 @@ UNION ALL
 -- limits row or (fair) running jobs in the queue: a key met without a row here
 -- is unlimited and idle, which spares a row per key of a queue of free keys.
 SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
-       st.max_starts, st.starts, st.busy
+       st.max_starts, st.starts, st.busy, NULL
 FROM (
     SELECT m.limit_key,
            l.key IS NOT NULL AS limited, l.max_running,
