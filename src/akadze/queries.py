@@ -1,6 +1,8 @@
 """Named SQL queries, loaded from the ``.sql`` files in ``akadze/sql/queries``.
 
-A file holds one or more queries, each introduced by a line ``-- name: some_name``.
+A file holds one or more queries, each introduced by a line ``-- name: some_name``,
+and fragments (``-- fragment: some_name``) that queries splice in with a line
+``-- include: some_name``.
 Runtime code refers to queries by name (``queries.get("claim_window")``) and never
 builds SQL from user strings; identifiers, where needed, go through psycopg.sql.
 """
@@ -13,7 +15,8 @@ from importlib import resources
 
 from psycopg import sql
 
-_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_HEAD = re.compile(r"^--\s*(name|fragment):\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"^--\s*include:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
 def _compact(body: str) -> str:
@@ -29,29 +32,45 @@ def _compact(body: str) -> str:
     return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
-def _parse(text: str, source: str) -> dict[str, str]:
-    found: dict[str, str] = {}
-    parts = _NAME.split(text)
-    # parts = [preamble, name1, body1, name2, body2, ...]
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in found:
-            raise RuntimeError(f"query {name!r} defined twice ({source})")
-        found[name] = _compact(body).rstrip(";").strip()
+def _parse(text: str, source: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The queries and the fragments of one file, as written."""
+    found: tuple[dict[str, str], dict[str, str]] = ({}, {})
+    parts = _HEAD.split(text)
+    # parts = [preamble, kind1, name1, body1, kind2, name2, body2, ...]
+    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+        into = found[0] if kind == "name" else found[1]
+        if name in into:
+            raise RuntimeError(f"{kind} {name!r} defined twice ({source})")
+        into[name] = body
     return found
 
 
 @cache
 def _all() -> dict[str, str]:
-    found: dict[str, str] = {}
+    """Every query, with its ``-- include: fragment`` lines replaced by the named
+    fragment (``-- fragment: name``, in any file: a shared part of several
+    queries, not a query by itself), then compacted."""
+    queries: dict[str, str] = {}
+    fragments: dict[str, str] = {}
     folder = resources.files("akadze").joinpath("sql", "queries")
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
-        for name, body in _parse(entry.read_text(encoding="utf-8"), entry.name).items():
-            if name in found:
-                raise RuntimeError(f"query {name!r} defined twice ({entry.name})")
-            found[name] = body
-    return found
+        named, shared = _parse(entry.read_text(encoding="utf-8"), entry.name)
+        for into, found in ((queries, named), (fragments, shared)):
+            for name, body in found.items():
+                if name in into:
+                    raise RuntimeError(f"{name!r} defined twice ({entry.name})")
+                into[name] = body
+
+    def fragment(match: re.Match[str]) -> str:
+        try:
+            return fragments[match.group(1)]
+        except KeyError:
+            raise RuntimeError(f"no SQL fragment named {match.group(1)!r}") from None
+
+    return {name: _compact(_INCLUDE.sub(fragment, body)).rstrip(";").strip()
+            for name, body in queries.items()}
 
 
 def text(name: str) -> str:

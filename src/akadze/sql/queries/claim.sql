@@ -177,60 +177,7 @@ WITH candidates AS (
     FROM counted k
     WHERE %(need)s::int IS NULL OR k.free_before < %(need)s::int
 )
--- The state of the keys met in these entries whose state the caller does not
--- know yet (known: text[], known_null: the null group), read WITHOUT locks: the
--- limits row, running(k) and starts(k), and in fair mode busy(g). In this
--- statement's snapshot the counts are exact for a single claim; a key is locked
--- (and counted again) only if the claim goes on to take from it (claim_lock).
-, met AS (
-    SELECT DISTINCT c.limit_key FROM kept c
-    WHERE (c.limit_key IS NULL AND NOT %(known_null)s)
-       OR c.limit_key NOT IN (SELECT unnest(%(known)s::text[]))
-)
-SELECT c.id, c.priority, c.run_at, c.limit_key,
-       (SELECT NOT j.cancel_requested
-               AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
-               AND (%(tasks)s::text[] IS NULL OR j.task = ANY (%(tasks)s::text[]))
-        FROM akadze.jobs j
-        WHERE j.id = c.id) AS ready,
-       NULL::boolean AS limited, NULL::integer AS max_running, NULL::bigint AS running,
-       NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
-       c.scanned
-FROM kept c
--- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
-WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
-UNION ALL
--- One row per key met (id NULL), after the entries, for the keys that have a
--- limits row or (fair) running jobs in the queue: a key met without a row here
--- is unlimited and idle, which spares a row per key of a queue of free keys.
-SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
-       st.max_starts, st.starts, st.busy, NULL
-FROM (
-    SELECT m.limit_key,
-           l.key IS NOT NULL AS limited, l.max_running,
-           CASE WHEN l.key IS NOT NULL THEN
-               (SELECT count(*) FROM akadze.jobs r
-                WHERE r.state = 'running' AND r.limit_key = l.key) END AS running,
-           l.max_starts,
-           CASE WHEN l.max_starts IS NOT NULL THEN
-               (SELECT count(*) FROM akadze.start_marks s
-                WHERE s.key = l.key
-                  AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
-           END AS starts,
-           CASE WHEN NOT %(fair)s THEN NULL
-                WHEN m.limit_key IS NULL THEN
-                    (SELECT count(*) FROM akadze.jobs r
-                     WHERE r.state = 'running' AND r.limit_key IS NULL
-                       AND r.queue = %(queue)s)
-                ELSE (SELECT count(*) FROM akadze.jobs r
-                      WHERE r.state = 'running' AND r.limit_key = m.limit_key
-                        AND r.queue = %(queue)s) END AS busy
-    FROM met m
-    LEFT JOIN akadze.limits l ON l.key = m.limit_key
-    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
-) st
-WHERE st.limited OR st.busy > 0
-ORDER BY 2 DESC NULLS LAST, 3, 1
+-- include: claim_entries_with_state
 
 -- name: claim_groups
 -- A bounded skip scan of jobs_ready_key_idx (queue, limit_key, ...): the
@@ -361,59 +308,12 @@ WITH candidates AS (
         LIMIT %(per_group)s
     ) c
 )
--- The state of the keys met in these entries whose state the caller does not
--- know yet (known: text[], known_null: the null group), read WITHOUT locks: the
--- limits row, running(k) and starts(k), and in fair mode busy(g). In this
--- statement's snapshot the counts are exact for a single claim; a key is locked
--- (and counted again) only if the claim goes on to take from it (claim_lock).
-, met AS (
-    SELECT DISTINCT c.limit_key FROM candidates c
-    WHERE (c.limit_key IS NULL AND NOT %(known_null)s)
-       OR c.limit_key NOT IN (SELECT unnest(%(known)s::text[]))
+-- The same columns as claim_window's entries (`scanned` has no use here).
+, kept AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key, NULL::bigint AS scanned
+    FROM candidates c
 )
-SELECT c.id, c.priority, c.run_at, c.limit_key,
-       (SELECT NOT j.cancel_requested
-               AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
-               AND (%(tasks)s::text[] IS NULL OR j.task = ANY (%(tasks)s::text[]))
-        FROM akadze.jobs j
-        WHERE j.id = c.id) AS ready,
-       NULL::boolean AS limited, NULL::integer AS max_running, NULL::bigint AS running,
-       NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy
-FROM candidates c
--- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
-WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
-UNION ALL
--- One row per key met (id NULL), after the entries, for the keys that have a
--- limits row or (fair) running jobs in the queue: a key met without a row here
--- is unlimited and idle, which spares a row per key of a queue of free keys.
-SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
-       st.max_starts, st.starts, st.busy
-FROM (
-    SELECT m.limit_key,
-           l.key IS NOT NULL AS limited, l.max_running,
-           CASE WHEN l.key IS NOT NULL THEN
-               (SELECT count(*) FROM akadze.jobs r
-                WHERE r.state = 'running' AND r.limit_key = l.key) END AS running,
-           l.max_starts,
-           CASE WHEN l.max_starts IS NOT NULL THEN
-               (SELECT count(*) FROM akadze.start_marks s
-                WHERE s.key = l.key
-                  AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
-           END AS starts,
-           CASE WHEN NOT %(fair)s THEN NULL
-                WHEN m.limit_key IS NULL THEN
-                    (SELECT count(*) FROM akadze.jobs r
-                     WHERE r.state = 'running' AND r.limit_key IS NULL
-                       AND r.queue = %(queue)s)
-                ELSE (SELECT count(*) FROM akadze.jobs r
-                      WHERE r.state = 'running' AND r.limit_key = m.limit_key
-                        AND r.queue = %(queue)s) END AS busy
-    FROM met m
-    LEFT JOIN akadze.limits l ON l.key = m.limit_key
-    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
-) st
-WHERE st.limited OR st.busy > 0
-ORDER BY 2 DESC NULLS LAST, 3, 1
+-- include: claim_entries_with_state
 
 -- name: claim_lock_first
 -- The only lock of a claim that may wait. Used when claim_lock found every
@@ -592,3 +492,63 @@ SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
 -- take turns"). It is the claim's first lock, taken holding nothing, so this
 -- wait cannot close a cycle of waits.
 SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))
+
+-- fragment: claim_entries_with_state
+-- The end of claim_window and claim_group_rows, after their CTE `kept` (the
+-- entries read: id, priority, run_at, limit_key, scanned): each entry with its
+-- `ready` flag, then one row per key met with its state.
+--
+-- The state of the keys met in these entries whose state the caller does not
+-- know yet (known: text[], known_null: the null group), read WITHOUT locks: the
+-- limits row, running(k) and starts(k), and in fair mode busy(g). In this
+-- statement's snapshot the counts are exact for a single claim; a key is locked
+-- (and counted again) only if the claim goes on to take from it (claim_lock).
+, met AS (
+    SELECT DISTINCT c.limit_key FROM kept c
+    WHERE (c.limit_key IS NULL AND NOT %(known_null)s)
+       OR c.limit_key NOT IN (SELECT unnest(%(known)s::text[]))
+)
+SELECT c.id, c.priority, c.run_at, c.limit_key,
+       (SELECT NOT j.cancel_requested
+               AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
+               AND (%(tasks)s::text[] IS NULL OR j.task = ANY (%(tasks)s::text[]))
+        FROM akadze.jobs j
+        WHERE j.id = c.id) AS ready,
+       NULL::boolean AS limited, NULL::integer AS max_running, NULL::bigint AS running,
+       NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
+       c.scanned
+FROM kept c
+-- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
+WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+UNION ALL
+-- One row per key met (id NULL), after the entries, for the keys that have a
+-- limits row or (fair) running jobs in the queue: a key met without a row here
+-- is unlimited and idle, which spares a row per key of a queue of free keys.
+SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
+       st.max_starts, st.starts, st.busy, NULL
+FROM (
+    SELECT m.limit_key,
+           l.key IS NOT NULL AS limited, l.max_running,
+           CASE WHEN l.key IS NOT NULL THEN
+               (SELECT count(*) FROM akadze.jobs r
+                WHERE r.state = 'running' AND r.limit_key = l.key) END AS running,
+           l.max_starts,
+           CASE WHEN l.max_starts IS NOT NULL THEN
+               (SELECT count(*) FROM akadze.start_marks s
+                WHERE s.key = l.key
+                  AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
+           END AS starts,
+           CASE WHEN NOT %(fair)s THEN NULL
+                WHEN m.limit_key IS NULL THEN
+                    (SELECT count(*) FROM akadze.jobs r
+                     WHERE r.state = 'running' AND r.limit_key IS NULL
+                       AND r.queue = %(queue)s)
+                ELSE (SELECT count(*) FROM akadze.jobs r
+                      WHERE r.state = 'running' AND r.limit_key = m.limit_key
+                        AND r.queue = %(queue)s) END AS busy
+    FROM met m
+    LEFT JOIN akadze.limits l ON l.key = m.limit_key
+    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+) st
+WHERE st.limited OR st.busy > 0
+ORDER BY 2 DESC NULLS LAST, 3, 1
