@@ -80,6 +80,7 @@ def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Ke
     known_busy: dict[Key, int] = {}
     universe: frozenset[Key] | None = None
     reads = 0
+    cut_seen: list[Entry] = []  # every entry a window returned (ready or not)
     for _ in range(10_000):
         view = View(slots=slots, fair=fair, rows=list(rows), boundary=boundary,
                     complete=complete, window=window, excluded=excluded,
@@ -128,16 +129,26 @@ def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Ke
             scanned = after[:window]
             got = scanned
             if decision.need is not None:
-                # The read may stop after the need-th row of a key without a
-                # limits row (claim_window): still a prefix.
-                free = 0
+                # The read may stop after the need-th row sure to help
+                # (claim_window): still a prefix.
+                sure = 0
+                met = {e.row.key for e in cut_seen}
+                first: set[Key] = set()
                 for i, e in enumerate(scanned):
-                    if e.row.key is None or e.row.key not in room:
-                        free += 1
-                        if free >= decision.need:
+                    key = e.row.key
+                    if fair:
+                        helps = (key not in room and key not in met and key not in first
+                                 and busy.get(key, 0) == 0)
+                        first.add(key)
+                    else:
+                        helps = key is None or key not in room
+                    if helps:
+                        sure += 1
+                        if sure >= decision.need:
                             got = scanned[: i + 1]
                             break
             complete = len(got) == len(scanned) < window
+        cut_seen.extend(got)
         if got:
             pos = got[-1].row.position
             boundary = got[-1].row.priority

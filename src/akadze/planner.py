@@ -137,11 +137,14 @@ class NeedState:
 class ReadMore:
     """Read the next ``window`` rows after the boundary, leaving out ``exclude``.
 
-    ``need`` (default order): the read may stop early, after the ``need``-th row
-    of a key without a limits row (or without a key): such rows are eligible, and
-    once that many are read the claim can settle. What is read is still a prefix
-    of the queue, so stopping early changes what is read, never the result.
-    None: read the whole window (fair order, where eligibility is not enough)."""
+    ``need``: the read may stop early, after ``need`` rows that are sure to
+    help: in default order, rows of keys without a limits row (or without a
+    key), which are eligible; in fair order, rows that are sure to have turn 1
+    (the first row read of a group without a limits row and with nothing
+    running in the queue). Once that many are read the claim can settle (fair:
+    with ``slots`` rows of turn 1 read, the worst planned row has turn 1 or a
+    priority above every unread row). What is read is still a prefix of the
+    queue, so stopping early changes what is read, never the result."""
 
     window: int
     exclude: frozenset[Key]
@@ -263,10 +266,11 @@ def _plan_fair(view: View, eligible: list[Row], seen: Counter[str]) -> Decision:
     if view.complete:
         return Settled(take)
     exhausted = _exhausted(view, seen)
+    need = view.slots - sum(1 for _, turn in turned if turn == 1)
     if len(chosen) < view.slots:
         # Any eligible unread row would join the claim: read on, leaving out
         # only the keys that have no eligible row left.
-        return ReadMore(_next_window(view), view.excluded | exhausted)
+        return ReadMore(_next_window(view), view.excluded | exhausted, need)
     last_row, last_turn = chosen[-1]
     boundary = view.boundary
     if boundary is None or last_row.priority > boundary:
@@ -293,4 +297,4 @@ def _plan_fair(view: View, eligible: list[Row], seen: Counter[str]) -> Decision:
         settled = False
     if settled:
         return Settled(take)
-    return ReadMore(_next_window(view), view.excluded | exhausted | hopeless)
+    return ReadMore(_next_window(view), view.excluded | exhausted | hopeless, need)

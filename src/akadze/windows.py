@@ -41,7 +41,7 @@ Position = tuple[int, datetime, int]
 def _statement(name: str, params: Mapping[str, object] | None = None,
                fetch: bool = True) -> Statement:
     """A statement of the windowed claim, prepared from its first run: the claim
-    runs it with generic plans (claim_plan_generic), so preparing it at once
+    runs it with generic plans (claim_start), so preparing it at once
     spares planning it at every claim until psycopg's prepare threshold; a
     worker's second claim is already as fast as its hundredth."""
     return Statement(queries.get(name), params, prepare=True, fetch=fetch)
@@ -145,10 +145,12 @@ def _read_window(
     if not first:
         rows = yield statement
     else:
-        # The claim's first round trip: its plan settings, the first window, and
-        # the guarded skip scan of the queue's groups (claim_groups).
+        # The claim's first round trip: the queue's turn and the plan settings
+        # (claim_start), the first window, and the guarded skip scan of the
+        # queue's groups (claim_groups).
         settings, rows, groups = yield Batch((
-            _statement("claim_plan_generic"), statement, _groups(request, window)))
+            _statement("claim_start", {"queue": request.queue}), statement,
+            _groups(request, window)))
         known.settings = {"plan_cache_mode": settings[0][0], "jit": settings[0][1]}
     entries = _entries(rows, known)
     # Read to the end only if the window was not cut short (planner.ReadMore.need)
@@ -358,10 +360,10 @@ def windowed_steps(request: Request) -> Steps:
     claimed: list[ClaimedJob] = []
     cancelled: list[ClaimedJob] = []
     skip: set[int] = set()
-    # Claims of one queue take turns (docs/explanation/claim.md, "Claims of one
-    # queue take turns"): the first lock of the claim, taken holding nothing;
-    # it travels with the first window (no round trip of its own).
-    yield _statement("claim_queue_turn", {"queue": request.queue}, fetch=False)
+    # The first read is always a window (_read_window with first=True), whose
+    # round trip begins with claim_start: the queue's turn (docs/explanation/
+    # claim.md, "Claims of one queue take turns"), the claim's first lock, taken
+    # holding nothing.
     swept = waited = False
     universe: frozenset[str | None] | None = None
     scanned = False
@@ -416,6 +418,8 @@ def windowed_steps(request: Request) -> Steps:
                 yield from _read_window(request, known, reading, decision.window,
                                         decision.exclude, decision.need,
                                         first=known.settings is None)
+        # The first read took the queue's turn (claim_start) before anything else.
+        assert known.settings is not None
         planned = decision.take
         if not planned and swept:
             break

@@ -100,20 +100,42 @@ WITH candidates AS (
      LIMIT %(window)s)
     LIMIT %(window)s
 )
--- The early stop (default order, `need` not null): the entries up to and with
--- the need-th one of a key without a limits row (or without a key). Such an
--- entry is eligible (if ready), so with that many the claim can settle: the
--- window's tail would be read, sent, and have its keys' state looked up for
--- nothing (a window that follows many excluded keys is large). What is returned
--- stays a prefix of the queue; `scanned` (on every entry) lets the caller tell
--- a cut window from the end of the queue.
+-- The early stop (`need` not null, planner.ReadMore): the entries up to and
+-- with the need-th one that is sure to help. Default order: an entry of a key
+-- without a limits row (or without a key), which is eligible (if ready). Fair
+-- order: the first entry of a group that the claim has not met (not in `known`)
+-- with no limits row and nothing running in the queue: its turn is 1. With
+-- that many the claim can settle, and the window's tail would be read, sent,
+-- and have its keys' state looked up for nothing (a window that follows many
+-- excluded keys is large). CASE evaluates the probes only where needed. What is
+-- returned stays a prefix of the queue; `scanned` (on every entry) lets the
+-- caller tell a cut window from the end of the queue.
+, firsts AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key,
+           row_number() OVER (PARTITION BY c.limit_key
+                              ORDER BY c.priority DESC, c.run_at, c.id) = 1 AS first
+    FROM candidates c
+)
 , free AS (
     SELECT c.id, c.priority, c.run_at, c.limit_key,
-           %(need)s::int IS NOT NULL
-           AND (c.limit_key IS NULL
-                OR NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key))
-               AS free
-    FROM candidates c
+           CASE WHEN %(need)s::int IS NULL THEN false
+                WHEN NOT %(fair)s THEN
+                    c.limit_key IS NULL
+                    OR NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key)
+                WHEN NOT c.first THEN false
+                WHEN c.limit_key IS NULL THEN
+                    NOT %(known_null)s
+                    AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
+                                    WHERE r.state = 'running' AND r.limit_key IS NULL
+                                      AND r.queue = %(queue)s)
+                ELSE
+                    c.limit_key NOT IN (SELECT unnest(%(known)s::text[]))
+                    AND NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key)
+                    AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
+                                    WHERE r.state = 'running' AND r.limit_key = c.limit_key
+                                      AND r.queue = %(queue)s)
+           END AS free
+    FROM firsts c
 )
 , counted AS (
     SELECT f.id, f.priority, f.run_at, f.limit_key,
@@ -373,29 +395,10 @@ SELECT 'cancelled' AS kind, * FROM (SELECT * FROM cancelled ORDER BY id) c
 UNION ALL
 SELECT 'running', * FROM taken
 
--- name: claim_plan_generic
--- First statement of a windowed claim (sent with its first window, one round
--- trip): generic plans for the rest of the transaction. Without this the
--- server re-plans the claim's prepared statements at every execution (their
--- custom plans look cheaper than the generic one), which costs ~0.6-1.2 ms per
--- statement, more than running it. The generic plans were checked with
--- EXPLAIN: the exclusions are written as "NOT IN (SELECT unnest($keys))", a
--- hashed subplan in a generic plan as in a custom one (never "<> ALL($keys)",
--- which a generic plan searches linearly per row), and "id = ANY($ids)" is an
--- index scan. Also no JIT: on a queue of a million rows a generic plan's
--- estimated cost passes jit_above_cost, and compiling cost ~25 ms for a
--- statement that runs in well under one. Returns the settings it replaces
--- (restored before the hooks run).
-SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
-       current_setting('jit') AS jit,
-       set_config('plan_cache_mode', 'force_generic_plan', true),
-       set_config('jit', 'off', true)
-
--- name: claim_plan_restore
-SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
-       set_config('jit', %(jit)s, true)
-
--- name: claim_queue_turn
+-- name: claim_start
+-- The first statement of a windowed claim, sent with its first window (one
+-- round trip). Two things:
+--
 -- Claims of one queue take turns: a transaction-level advisory lock on the
 -- queue (two-key form, class 6384484 = 0x616b64, "akd", so that it does not
 -- meet an application's own advisory locks; queues whose names hash alike
@@ -404,7 +407,28 @@ SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
 -- the head again and again (docs/explanation/claim.md, "Claims of one queue
 -- take turns"). It is the claim's first lock, taken holding nothing, so this
 -- wait cannot close a cycle of waits.
-SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))
+--
+-- Generic plans for the rest of the transaction. Without this the server
+-- re-plans the claim's prepared statements at every execution (their custom
+-- plans look cheaper than the generic one), which costs ~0.6-1.2 ms per
+-- statement, more than running it. The generic plans were checked with
+-- EXPLAIN: the exclusions are written as "NOT IN (SELECT unnest($keys))", a
+-- hashed subplan in a generic plan as in a custom one (never "<> ALL($keys)",
+-- which a generic plan searches linearly per row), and "id = ANY($ids)" is an
+-- index scan. Also no JIT: on a queue of a million rows a generic plan's
+-- estimated cost passes jit_above_cost, and compiling cost ~25 ms for a
+-- statement that runs in well under one. Returns the settings it replaces
+-- (restored before the hooks run). The lock comes first: the settings are
+-- read and changed once the queue is ours.
+SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
+       current_setting('jit') AS jit,
+       set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('jit', 'off', true)
+FROM (SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))) AS turn
+
+-- name: claim_plan_restore
+SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
+       set_config('jit', %(jit)s, true)
 
 -- fragment: claim_entries_with_state
 -- The end of claim_window and claim_group_rows, after their CTE `kept` (the
