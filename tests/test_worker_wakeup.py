@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 from test_worker_support import eventually, insert_job, wait_state
 
-from akadze import Akadze, Worker
+from akadze import Akadze, Worker, pause_queue_sync, resume_queue_sync, retry_now_sync
 
 
 def listeners(conn: psycopg.Connection[Any]) -> list[int]:
     return [int(r[0]) for r in conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
         "AND application_name = 'akadze-worker-listen'")]
+
+
+def idle(worker: Worker, queue: Any) -> bool:
+    return bool(queue.last_claim > 0 and not queue.wake.is_set()
+                and worker._listener is not None and worker._listener.listening)
 
 
 async def test_an_idle_worker_starts_a_new_job_on_notification(
@@ -83,3 +89,40 @@ async def test_a_retry_due_soon_wakes_the_worker_without_polling(
         row = await wait_state(conn, job_id, "succeeded", within=10)
     assert row["attempt"] == 2
     await asyncio.sleep(0)
+
+
+async def test_resuming_a_queue_wakes_an_idle_worker(
+    app: Akadze, conn: psycopg.Connection[Any]
+) -> None:
+    @app.task("t")
+    async def t() -> None:
+        return None
+
+    pause_queue_sync(conn, "default")
+    job_id = insert_job(conn, "t")
+    # Polling every minute: only a notification can start the job within seconds.
+    async with Worker(app, poll_interval=60) as worker:
+        queue = worker._queues["default"]
+        # A claim has found the queue paused, the worker listens, and no wake-up
+        # is pending (the one of the listener's start has been served): the
+        # queue waits for a notification or its next poll.
+        await eventually(lambda: idle(worker, queue))
+        assert conn.execute("SELECT state::text FROM akadze.jobs WHERE id = %s",
+                            (job_id,)).fetchone() == ("queued",)
+        assert resume_queue_sync(conn, "default")
+        await wait_state(conn, job_id, "succeeded", within=5)
+
+
+async def test_retry_now_wakes_an_idle_worker(
+    app: Akadze, conn: psycopg.Connection[Any]
+) -> None:
+    @app.task("t")
+    async def t() -> None:
+        return None
+
+    job_id = insert_job(conn, "t", run_at=datetime.now(UTC) + timedelta(hours=1))
+    async with Worker(app, poll_interval=60) as worker:
+        queue = worker._queues["default"]
+        await eventually(lambda: idle(worker, queue))
+        assert retry_now_sync(conn, job_id)
+        await wait_state(conn, job_id, "succeeded", within=5)

@@ -11,7 +11,12 @@ ON CONFLICT (queue) DO NOTHING
 RETURNING queue;
 
 -- name: queue_resume
-DELETE FROM akadze.queue_pauses WHERE queue = %(queue)s RETURNING queue;
+-- Idle workers of the queue are woken at commit (the same channel the jobs
+-- triggers use) instead of at their next poll.
+WITH resumed AS (
+    DELETE FROM akadze.queue_pauses WHERE queue = %(queue)s RETURNING queue
+)
+SELECT queue, pg_notify('akadze_jobs', queue) FROM resumed;
 
 -- name: job_lock
 -- The job an operator acts on, locked so that a claim or an outcome cannot
@@ -42,11 +47,16 @@ RETURNING id, queue, task, args, priority, run_at, limit_key, run_count, attempt
           max_attempts, meta, unique_key, expires_at, worker_id, started_at, state;
 
 -- name: job_retry_now
--- A queued job waiting for its run_at (a retry backoff, a delay) becomes ready now.
-UPDATE akadze.jobs
-SET run_at = coalesce(%(now)s::timestamptz, now())
-WHERE id = %(id)s AND state = 'queued' AND run_at > coalesce(%(now)s::timestamptz, now())
-RETURNING id;
+-- A queued job waiting for its run_at (a retry backoff, a delay) becomes ready
+-- now. The row stays queued, so the jobs triggers do not notify: this does, and
+-- idle workers of its queue are woken at commit instead of at their next poll.
+WITH moved AS (
+    UPDATE akadze.jobs
+    SET run_at = coalesce(%(now)s::timestamptz, now())
+    WHERE id = %(id)s AND state = 'queued' AND run_at > coalesce(%(now)s::timestamptz, now())
+    RETURNING id, queue
+)
+SELECT id, pg_notify('akadze_jobs', queue) FROM moved;
 
 -- name: job_get
 SELECT id, queue, task, state, priority, attempt, max_attempts, run_count, run_at,
