@@ -48,6 +48,9 @@ Key = str | None
 
 # Windows double up to this many rows; beyond it they stay this size.
 MAX_WINDOW = 8192
+# In fair order a window may stop early (ReadMore.need) from this many times the
+# first window on.
+FAIR_CUT_FROM = 4
 
 
 class Row(NamedTuple):
@@ -266,11 +269,18 @@ def _plan_fair(view: View, eligible: list[Row], seen: Counter[str]) -> Decision:
     if view.complete:
         return Settled(take)
     exhausted = _exhausted(view, seen)
-    need = view.slots - sum(1 for _, turn in turned if turn == 1)
+    window = _next_window(view)
+    # The early stop costs the window statement two probes per group it meets
+    # (limits row, running jobs), so it is asked for only where a window is
+    # large enough for it to pay: after several windows, typically past many
+    # excluded keys.
+    need = None
+    if window >= FAIR_CUT_FROM * first_window(view.slots):
+        need = view.slots - sum(1 for _, turn in turned if turn == 1)
     if len(chosen) < view.slots:
         # Any eligible unread row would join the claim: read on, leaving out
         # only the keys that have no eligible row left.
-        return ReadMore(_next_window(view), view.excluded | exhausted, need)
+        return ReadMore(window, view.excluded | exhausted, need)
     last_row, last_turn = chosen[-1]
     boundary = view.boundary
     if boundary is None or last_row.priority > boundary:
@@ -297,4 +307,4 @@ def _plan_fair(view: View, eligible: list[Row], seen: Counter[str]) -> Decision:
         settled = False
     if settled:
         return Settled(take)
-    return ReadMore(_next_window(view), view.excluded | exhausted | hopeless, need)
+    return ReadMore(window, view.excluded | exhausted | hopeless, need)
