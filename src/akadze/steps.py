@@ -13,15 +13,12 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg import sql
 
 from . import queries
 from .jobs import ClaimedJob
-
-if TYPE_CHECKING:
-    pass
 
 # -- steps ----------------------------------------------------------------------------
 

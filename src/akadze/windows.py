@@ -13,13 +13,10 @@ from collections import Counter
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import planner, queries
 from .jobs import ClaimedJob
-
-if TYPE_CHECKING:
-    pass
 from .steps import Batch, Request, Row, Statement, Step, Steps, Steps0, finish, job_from_row
 
 # -- the windowed claim -----------------------------------------------------------------
@@ -31,8 +28,9 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The skip scan that lists a queue's groups stops after this many keys; below
 # it, the claim reads per group instead of filtering the queue.
 GROUP_SCAN_BOUND = 64
-# ... and it is tried only when the rows read so far show at most this many keys
-# (a queue that shows many keys in its head rarely has few in total).
+# ... and it is tried only when the first window (on the server, in the claim's
+# first round trip) or the rows read so far show at most this many keys (a queue
+# that shows many keys in its head rarely has few in total).
 GROUP_SCAN_TRY = 16
 
 Position = tuple[int, datetime, int]
