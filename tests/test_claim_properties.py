@@ -41,6 +41,9 @@ class Case:
     # how the windowed claim reads: default thresholds, no group scan, or a scan
     # bound too small to list every group
     scan: str
+    # keys the windowed claim remembers from a previous claim on the connection
+    # (a hint: any set, limited or not, existing or not, must give the same claim)
+    remembered: tuple[str, ...] = ()
 
 
 JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "limit_key",
@@ -100,6 +103,8 @@ def cases(draw: st.DrawFn) -> Case:
         fair=draw(st.booleans()),
         tasks=draw(st.sampled_from([None, None, ["a"], ["a", "b"]])),
         scan=draw(st.sampled_from(["default", "off", "small"])),
+        remembered=tuple(draw(st.lists(st.sampled_from([*KEYS[1:], "gone"]), unique=True,
+                                       max_size=4))),
     )
 
 
@@ -135,11 +140,14 @@ def effects(conn: Conn) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
 @pytest.fixture
 def scan_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
     def set_mode(mode: str) -> None:
+        # Outside the default mode the remembered keys are used however few.
         if mode == "off":
             monkeypatch.setattr(claim_module, "GROUP_SCAN_TRY", -1)
+            monkeypatch.setattr(claim_module, "MEMORY_FROM", 1)
         elif mode == "small":
             monkeypatch.setattr(claim_module, "GROUP_SCAN_TRY", 100)
             monkeypatch.setattr(claim_module, "GROUP_SCAN_BOUND", 3)
+            monkeypatch.setattr(claim_module, "MEMORY_FROM", 1)
         else:
             monkeypatch.undo()
     yield set_mode
@@ -158,6 +166,7 @@ def run(conn: Conn, case: Case, claim_fn: Callable[..., Any]) -> tuple[Any, ...]
 def check(conn: Conn, case: Case, scan_mode: Callable[[str], None]) -> None:
     expected = run(conn, case, claim_oracle)
     scan_mode(case.scan)
+    claim_module.memory.put(conn, "q", case.remembered)
     got = run(conn, case, claim)
     assert got[0] == expected[0], "claimed jobs differ"
     assert got[1] == expected[1], "effects differ"

@@ -14,6 +14,7 @@ do their own I/O and share everything else, with no bridge between the two.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 from .ranking import oracle_steps
 from .steps import Batch, Request, Statement, Steps
-from .windows import windowed_steps
+from .windows import memory, windowed_steps
 
 __all__ = ["claim", "claim_oracle"]
 
@@ -194,6 +195,11 @@ def claim(
     Returns the claimed jobs in claim order.
     """
     request = _request(queue, slots, fair, worker_id, tasks, now)
+    # The keys this connection's last claim of the queue left without room
+    # (windows.memory): a hint that spares finding them again.
+    request = replace(
+        request, remembered=memory.get(conn, queue),
+        on_blocked=functools.partial(memory.put, conn, queue))
     result: list[ClaimedJob] | Awaitable[list[ClaimedJob]] = _dispatch(
         conn, request, app, windowed_steps
     )

@@ -10,8 +10,8 @@ once in this language.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -72,6 +72,11 @@ class Request:
     now: datetime | None
     # Whether transition hooks run in the claim's transaction after it.
     hooks: bool = True
+    # Keys the previous claim of this queue on this connection found without
+    # room (a hint: their state is counted again before they are left out), and
+    # where the windowed claim reports the keys it leaves without room.
+    remembered: tuple[str, ...] = ()
+    on_blocked: Callable[[tuple[str, ...]], None] | None = field(default=None, compare=False)
 
     def params(self, now: datetime | None = None) -> dict[str, object]:
         """``now``: the claim's resolved clock (the oracle); by default the

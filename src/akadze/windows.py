@@ -9,6 +9,7 @@ The rules, the stop rule and the lock protocol are explained in
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,50 @@ GROUP_SCAN_BOUND = 64
 GROUP_SCAN_TRY = 16
 
 Position = tuple[int, datetime, int]
+
+# At most this many keys are remembered per queue and connection ...
+MEMORY_MAX = 4096
+# ... and they are used only from this many on. Finding a few blocked keys costs
+# a claim a window at most; leaving them out from the first window on would also
+# make it filter their backlogs where the skip scan (GROUP_SCAN_TRY) reads
+# around them for nothing.
+MEMORY_FROM = 17
+
+
+class _Memory:
+    """The keys each connection's last claim of a queue left without room.
+
+    A worker claims the same queue again and again, and a key at its limit is
+    usually still there at the next claim; without this, every claim finds the
+    blocked keys anew, window after window. The next claim counts their state
+    in its first round trip and leaves out those still without room from its
+    first window on. A hint only: a key's state is always counted again, so what
+    is remembered never changes a claim's result, only how much it reads.
+    Connections are held weakly; a connection that cannot be is not remembered.
+    """
+
+    def __init__(self) -> None:
+        self._keys: weakref.WeakKeyDictionary[object, dict[str, tuple[str, ...]]] = (
+            weakref.WeakKeyDictionary())
+
+    def get(self, conn: object, queue: str) -> tuple[str, ...]:
+        try:
+            return self._keys.get(conn, {}).get(queue, ())
+        except TypeError:
+            return ()
+
+    def put(self, conn: object, queue: str, keys: tuple[str, ...]) -> None:
+        try:
+            by_queue = self._keys.setdefault(conn, {})
+        except TypeError:
+            return
+        if keys:
+            by_queue[queue] = keys[:MEMORY_MAX]
+        else:
+            by_queue.pop(queue, None)
+
+
+memory = _Memory()
 
 
 def _statement(name: str, params: Mapping[str, object] | None = None,
@@ -89,8 +134,8 @@ class _Known:
     def learn(self, key: str | None, limited: bool | None, max_running: int | None,
               running: int | None, max_starts: int | None, starts: int | None,
               busy: int | None) -> None:
-        if self.fair and key not in self.busy:
-            self.busy[key] = busy or 0
+        if self.fair and key not in self.busy and busy is not None:
+            self.busy[key] = busy
         if key is None or key in self.room or key in self.unlimited:
             return
         if not limited:
@@ -134,6 +179,10 @@ def _read_window(
     request: Request, known: _Known, reading: _Reading, window: int,
     exclude: frozenset[str | None], need: int | None, first: bool = False,
 ) -> Steps0:
+    """One window. ``first``: the claim's first window, which travels with the
+    guarded skip scan of the queue's groups (claim_groups) and, unless a
+    remembered key's state went first (:func:`_start_with_state`), with
+    claim_start: the queue's turn and the plan settings."""
     params = {
         **request.params(), **_after_params(reading.after), **known.params(exclude),
         "window": window, "need": need,
@@ -142,14 +191,13 @@ def _read_window(
     statement = _statement("claim_window", params)
     if not first:
         rows = yield statement
-    else:
-        # The claim's first round trip: the queue's turn and the plan settings
-        # (claim_start), the first window, and the guarded skip scan of the
-        # queue's groups (claim_groups).
+    elif known.settings is None:
         settings, rows, groups = yield Batch((
             _statement("claim_start", {"queue": request.queue}), statement,
             _groups(request, window)))
         known.settings = {"plan_cache_mode": settings[0][0], "jit": settings[0][1]}
+    else:
+        rows, groups = yield Batch((statement, _groups(request, window)))
     entries = _entries(rows, known)
     # Read to the end only if the window was not cut short (planner.ReadMore.need)
     # and still came back short of its size.
@@ -250,6 +298,11 @@ def _load_state(request: Request, known: _Known, need: planner.NeedState) -> Ste
     keys met before a re-plan): counted without locks, like theirs."""
     keys = [k for k in need.keys if k not in known.room and k not in known.unlimited]
     rows = yield _counts(request, keys, need.groups)
+    _learn_counts(known, keys, need.groups, rows)
+
+
+def _learn_counts(known: _Known, keys: Sequence[str], groups: Sequence[str | None],
+                  rows: list[Row]) -> None:
     limited: set[str] = set()
     for kind, key, max_running, running, max_starts, starts in rows:
         if kind == "limit":
@@ -258,8 +311,23 @@ def _load_state(request: Request, known: _Known, need: planner.NeedState) -> Ste
         elif key not in known.busy:
             known.busy[key] = running
     known.unlimited.update(k for k in keys if k not in limited)
-    for group in need.groups:
+    for group in groups:
         known.busy.setdefault(group, 0)
+
+
+def _start_with_state(request: Request, known: _Known) -> Steps0:
+    """The first round trip of a claim that remembers keys (:class:`_Memory`):
+    claim_start and the remembered keys' state, counted without locks like a
+    window's; the planner then leaves out those still without room from the
+    first window on, as if it had met them."""
+    keys = list(request.remembered)
+    # Limit state only: in fair order a remembered key that has room again gets
+    # its busy count from the window that meets it (it is not in `known` until
+    # its busy count is), like any key met.
+    settings, rows = yield Batch((
+        _statement("claim_start", {"queue": request.queue}), _counts(request, keys, ())))
+    known.settings = {"plan_cache_mode": settings[0][0], "jit": settings[0][1]}
+    _learn_counts(known, keys, (), rows)
 
 
 def _lock_taken(
@@ -358,10 +426,13 @@ def windowed_steps(request: Request) -> Steps:
     claimed: list[ClaimedJob] = []
     cancelled: list[ClaimedJob] = []
     skip: set[int] = set()
-    # The first read is always a window (_read_window with first=True), whose
-    # round trip begins with claim_start: the queue's turn (docs/explanation/
-    # claim.md, "Claims of one queue take turns"), the claim's first lock, taken
-    # holding nothing.
+    # The first round trip begins with claim_start: the queue's turn (docs/
+    # explanation/claim.md, "Claims of one queue take turns"), the claim's first
+    # lock, taken holding nothing. It carries the first window, or, when keys
+    # are remembered, their state (the first window follows).
+    if len(request.remembered) >= MEMORY_FROM:
+        yield from _start_with_state(request, known)
+    first = True
     swept = waited = False
     universe: frozenset[str | None] | None = None
     scanned = False
@@ -414,8 +485,8 @@ def windowed_steps(request: Request) -> Steps:
                                         decision.exclude)
             else:
                 yield from _read_window(request, known, reading, decision.window,
-                                        decision.exclude, decision.need,
-                                        first=known.settings is None)
+                                        decision.exclude, decision.need, first=first)
+                first = False
         # The first read took the queue's turn (claim_start) before anything else.
         assert known.settings is not None
         planned = decision.take
@@ -425,24 +496,28 @@ def windowed_steps(request: Request) -> Steps:
         swept = True
         claimed.extend(got)
         cancelled.extend(gone)
-        if len(got) == len(planned):
-            break
-        # Rows another claim holds: plan the remaining slots again from the head,
-        # leaving them out. The rows just taken now run, and count: every
-        # limited key taken from is locked by us, so its headroom is exact
-        # after taking one per row; each taken row adds one to its group's busy.
-        taken = {job.id for job in got}
-        skip.update(i for i in planned if i not in taken)
+        # The rows just taken now run, and count: every limited key taken from
+        # is locked by us, so its headroom is exact after taking one per row;
+        # each taken row adds one to its group's busy.
         for job in got:
             key = job.limit_key
             if key is not None and key in known.room:
                 known.room[key] = max(0, known.room[key] - 1)
             if request.fair:
                 known.busy[key] = known.busy.get(key, 0) + 1
+        if len(got) == len(planned):
+            break
+        # Rows another claim holds: plan the remaining slots again from the
+        # head, leaving them out.
+        taken = {job.id for job in got}
+        skip.update(i for i in planned if i not in taken)
         universe, scanned = reading.universe, reading.scanned_groups
     if not swept:
         _, cancelled = yield from _take(request, (), True)
     cancelled.sort(key=lambda job: job.id)
+    if request.on_blocked is not None:
+        # Keys without room now, this claim's starts counted (windows._Memory).
+        request.on_blocked(tuple(key for key, room in known.room.items() if room == 0))
     if known.settings is not None and request.hooks:
         # The hooks run with the caller's settings (no round trip: this travels
         # with the hooks' first statement). Without hooks nothing more runs in
