@@ -193,6 +193,10 @@ def claim(
     ``app``: its transition hooks run in the claim transaction. ``now``: the
     database time to use (tests); by default the database clock.
     Returns the claimed jobs in claim order.
+
+    Reuse the connection for the next claims: the claim's statements are
+    prepared on it, and it remembers the keys its last claim of ``queue`` left
+    at their limit (a hint for the next claim; never a change to its result).
     """
     request = _request(queue, slots, fair, worker_id, tasks, now)
     # The keys this connection's last claim of the queue left without room
