@@ -9,6 +9,7 @@ The rules, the stop rule and the lock protocol are explained in
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import Counter
 from collections.abc import Generator, Mapping, Sequence
@@ -60,22 +61,26 @@ class _Memory:
     def __init__(self) -> None:
         self._keys: weakref.WeakKeyDictionary[object, dict[str, tuple[str, ...]]] = (
             weakref.WeakKeyDictionary())
+        # Sync callers may claim from several threads, each on its connection.
+        self._lock = threading.Lock()
 
     def get(self, conn: object, queue: str) -> tuple[str, ...]:
-        try:
-            return self._keys.get(conn, {}).get(queue, ())
-        except TypeError:
-            return ()
+        with self._lock:
+            try:
+                return self._keys.get(conn, {}).get(queue, ())
+            except TypeError:
+                return ()
 
     def put(self, conn: object, queue: str, keys: tuple[str, ...]) -> None:
-        try:
-            by_queue = self._keys.setdefault(conn, {})
-        except TypeError:
-            return
-        if keys:
-            by_queue[queue] = keys[:MEMORY_MAX]
-        else:
-            by_queue.pop(queue, None)
+        with self._lock:
+            try:
+                by_queue = self._keys.setdefault(conn, {})
+            except TypeError:
+                return
+            if keys:
+                by_queue[queue] = keys[:MEMORY_MAX]
+            else:
+                by_queue.pop(queue, None)
 
 
 memory = _Memory()
