@@ -95,6 +95,11 @@ def _statement(name: str, params: Mapping[str, object] | None = None,
     return Statement(queries.get(name), params, prepare=True, fetch=fetch)
 
 
+def _start(request: Request) -> Statement:
+    """The claim's first statement: the queue's turn and the plan settings."""
+    return _statement("claim_start", {"queue": request.queue})
+
+
 @dataclass
 class _Reading:
     """Where a windowed read has got to (reset when a claim plans again)."""
@@ -127,6 +132,10 @@ class _Known:
     room: dict[str, int] = field(default_factory=dict)
     busy: dict[str | None, int] = field(default_factory=dict)
     settings: dict[str, str] | None = None  # as they were before the claim changed them
+
+    def started(self, rows: list[Row]) -> None:
+        """The settings claim_start replaced (restored before the hooks run)."""
+        self.settings = {"plan_cache_mode": rows[0][0], "jit": rows[0][1]}
 
     def params(self, exclude: frozenset[str | None]) -> dict[str, object]:
         """The keys whose state a reading statement need not return again (the
@@ -197,10 +206,9 @@ def _read_window(
     if not first:
         rows = yield statement
     elif known.settings is None:
-        settings, rows, groups = yield Batch((
-            _statement("claim_start", {"queue": request.queue}), statement,
-            _groups(request, window)))
-        known.settings = {"plan_cache_mode": settings[0][0], "jit": settings[0][1]}
+        settings, rows, groups = yield Batch((_start(request), statement,
+                                              _groups(request, window)))
+        known.started(settings)
     else:
         rows, groups = yield Batch((statement, _groups(request, window)))
     entries = _entries(rows, known)
@@ -329,9 +337,8 @@ def _start_with_state(request: Request, known: _Known) -> Steps0:
     # Limit state only: in fair order a remembered key that has room again gets
     # its busy count from the window that meets it (it is not in `known` until
     # its busy count is), like any key met.
-    settings, rows = yield Batch((
-        _statement("claim_start", {"queue": request.queue}), _counts(request, keys, ())))
-    known.settings = {"plan_cache_mode": settings[0][0], "jit": settings[0][1]}
+    settings, rows = yield Batch((_start(request), _counts(request, keys, ())))
+    known.started(settings)
     _learn_counts(known, keys, (), rows)
 
 
