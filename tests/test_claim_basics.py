@@ -272,3 +272,46 @@ def test_a_connection_remembers_the_keys_its_last_claim_left_without_room(conn: 
     conn.execute("DELETE FROM akadze.limits WHERE key = 'hot'")
     assert ids(claim(conn, queue="q", slots=5, now=NOW)) == hot[1:]
     assert memory.get(conn, "q") == ()
+
+
+@CLAIMS
+@pytest.mark.parametrize("failure", ["python", "sql"])
+def test_a_failing_claim_leaves_nothing_taken_and_the_connection_usable(
+    conn: Conn, claim_fn: Callable[..., Any], failure: str
+) -> None:
+    job = add(conn)
+    app = Akadze("postgresql://x@localhost/x")
+
+    @app.on_transition
+    def hook(c: Any, claimed: Any, old: str, new: str) -> None:
+        if failure == "python":
+            raise RuntimeError("hook broke")
+        c.execute("SELECT 1 / 0")
+
+    with pytest.raises((RuntimeError, psycopg.errors.DivisionByZero)):
+        claim_fn(conn, queue="q", slots=1, now=NOW, app=app)
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert conn.execute("SELECT state::text, run_count FROM akadze.jobs").fetchall() == [
+        ("queued", 0)]
+    # The same connection claims normally afterwards.
+    assert ids(claim_fn(conn, queue="q", slots=1, now=NOW)) == [job]
+
+
+@CLAIMS
+async def test_a_failing_async_claim_leaves_nothing_taken(
+    aconn: psycopg.AsyncConnection[Any], claim_fn: Callable[..., Any]
+) -> None:
+    await aconn.execute(
+        "INSERT INTO akadze.jobs (queue, task, run_at) VALUES ('q', 't', %s)", (NOW,))
+    app = Akadze("postgresql://x@localhost/x")
+
+    @app.on_transition
+    async def hook(c: Any, job: Any, old: str, new: str) -> None:
+        await c.execute("SELECT 1 / 0")
+
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        await claim_fn(aconn, queue="q", slots=1, now=NOW, app=app)
+    assert aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    cur = await aconn.execute("SELECT state::text FROM akadze.jobs")
+    assert await cur.fetchall() == [("queued",)]
+    assert len(await claim_fn(aconn, queue="q", slots=1, now=NOW)) == 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 from datetime import datetime
@@ -37,6 +38,12 @@ from .windows import memory, windowed_steps
 
 __all__ = ["claim", "claim_oracle"]
 
+logger = logging.getLogger(__name__)
+
+_BEGIN = "BEGIN"
+_COMMIT = "COMMIT"
+_ROLLBACK = "ROLLBACK"
+
 # -- drivers --------------------------------------------------------------------------
 
 
@@ -51,34 +58,59 @@ def _check_idle(status: TransactionStatus) -> None:
 def _run_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None) -> list[ClaimedJob]:
     _check_idle(conn.info.transaction_status)
     # Pipeline mode: statements are sent as they come and a round trip happens
-    # only when a result is needed, so BEGIN travels with the first statement
-    # and a Batch costs one round trip.
-    with conn.pipeline(), conn.transaction():
-        reply: Any = None
-        while True:
-            try:
-                step = steps.send(reply)
-            except StopIteration as done:
-                result: list[ClaimedJob] = done.value
-                return result
-            reply = None
-            if isinstance(step, Statement):
-                with conn.cursor(row_factory=tuple_row) as cur:
-                    cur.execute(step.query, step.params, prepare=step.prepare)
-                    reply = (cur.fetchall()) if step.fetch else None
-            elif isinstance(step, Batch):
-                cursors = [conn.cursor(row_factory=tuple_row) for _ in step.statements]
-                for cur, st in zip(cursors, step.statements, strict=True):
-                    cur.execute(st.query, st.params, prepare=st.prepare)
-                reply = [cur.fetchall() for cur in cursors]
-                for cur in cursors:
-                    cur.close()
-            elif app is not None:
-                for job, old, new in step.changes:
-                    for hook in app.on_transition_hooks:
-                        outcome = hook(conn, job, old, new)
-                        if inspect.isawaitable(outcome):
-                            _refuse_async_hook(hook, outcome)
+    # only when a result is needed, so BEGIN travels with the first statement,
+    # a Batch costs one round trip and COMMIT one more. BEGIN and COMMIT are
+    # sent as statements: psycopg's transaction() inside a pipeline nests two
+    # more pipelines, whose exits cost two extra round trips per claim.
+    try:
+        with conn.pipeline():
+            conn.execute(_BEGIN, prepare=False)
+            result = _steps_sync(conn, steps, app)
+            conn.execute(_COMMIT, prepare=False)
+    except BaseException:
+        _rollback_sync(conn)
+        raise
+    return result
+
+
+def _steps_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None
+                ) -> list[ClaimedJob]:
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration as done:
+            result: list[ClaimedJob] = done.value
+            return result
+        reply = None
+        if isinstance(step, Statement):
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(step.query, step.params, prepare=step.prepare)
+                reply = (cur.fetchall()) if step.fetch else None
+        elif isinstance(step, Batch):
+            cursors = [conn.cursor(row_factory=tuple_row) for _ in step.statements]
+            for cur, st in zip(cursors, step.statements, strict=True):
+                cur.execute(st.query, st.params, prepare=st.prepare)
+            reply = [cur.fetchall() for cur in cursors]
+            for cur in cursors:
+                cur.close()
+        elif app is not None:
+            for job, old, new in step.changes:
+                for hook in app.on_transition_hooks:
+                    outcome = hook(conn, job, old, new)
+                    if inspect.isawaitable(outcome):
+                        _refuse_async_hook(hook, outcome)
+
+
+def _rollback_sync(conn: psycopg.Connection[Any]) -> None:
+    """End a failed claim's transaction, if it is still open; a failure here
+    (a broken connection) must not hide the claim's own error."""
+    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        conn.execute(_ROLLBACK, prepare=False)
+    except Exception as exc:
+        logger.warning("rolling back a failed claim failed: %s", exc)
 
 
 def _refuse_async_hook(hook: Callable[..., Any], outcome: Awaitable[Any]) -> None:
@@ -95,32 +127,56 @@ async def _run_async(
     conn: psycopg.AsyncConnection[Any], steps: Steps, app: Akadze | None
 ) -> list[ClaimedJob]:
     _check_idle(conn.info.transaction_status)
-    async with conn.pipeline(), conn.transaction():
-        reply: Any = None
-        while True:
-            try:
-                step = steps.send(reply)
-            except StopIteration as done:
-                result: list[ClaimedJob] = done.value
-                return result
-            reply = None
-            if isinstance(step, Statement):
-                async with conn.cursor(row_factory=tuple_row) as cur:
-                    await cur.execute(step.query, step.params, prepare=step.prepare)
-                    reply = (await cur.fetchall()) if step.fetch else None
-            elif isinstance(step, Batch):
-                cursors = [conn.cursor(row_factory=tuple_row) for _ in step.statements]
-                for cur, st in zip(cursors, step.statements, strict=True):
-                    await cur.execute(st.query, st.params, prepare=st.prepare)
-                reply = [await cur.fetchall() for cur in cursors]
-                for cur in cursors:
-                    await cur.close()
-            elif app is not None:
-                for job, old, new in step.changes:
-                    for hook in app.on_transition_hooks:
-                        outcome = hook(conn, job, old, new)
-                        if inspect.isawaitable(outcome):
-                            await outcome
+    # As _run_sync.
+    try:
+        async with conn.pipeline():
+            await conn.execute(_BEGIN, prepare=False)
+            result = await _steps_async(conn, steps, app)
+            await conn.execute(_COMMIT, prepare=False)
+    except BaseException:
+        await _rollback_async(conn)
+        raise
+    return result
+
+
+async def _steps_async(
+    conn: psycopg.AsyncConnection[Any], steps: Steps, app: Akadze | None
+) -> list[ClaimedJob]:
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration as done:
+            result: list[ClaimedJob] = done.value
+            return result
+        reply = None
+        if isinstance(step, Statement):
+            async with conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(step.query, step.params, prepare=step.prepare)
+                reply = (await cur.fetchall()) if step.fetch else None
+        elif isinstance(step, Batch):
+            cursors = [conn.cursor(row_factory=tuple_row) for _ in step.statements]
+            for cur, st in zip(cursors, step.statements, strict=True):
+                await cur.execute(st.query, st.params, prepare=st.prepare)
+            reply = [await cur.fetchall() for cur in cursors]
+            for cur in cursors:
+                await cur.close()
+        elif app is not None:
+            for job, old, new in step.changes:
+                for hook in app.on_transition_hooks:
+                    outcome = hook(conn, job, old, new)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+
+
+async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """As _rollback_sync."""
+    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        await conn.execute(_ROLLBACK, prepare=False)
+    except Exception as exc:
+        logger.warning("rolling back a failed claim failed: %s", exc)
 
 
 # -- public API -------------------------------------------------------------------------
