@@ -192,3 +192,33 @@ async def test_run_installs_signal_handlers_when_asked(
 def current_loop_has_no_handler() -> bool:
     loop = asyncio.get_running_loop()
     return not loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def test_a_background_wait_ends_when_cancelled_as_its_event_fires(app: Akadze) -> None:
+    # The worker's background loops wait on events with a timeout and are ended by
+    # cancellation. On Python 3.11, asyncio.wait_for lost a cancellation that came
+    # as the awaited event fired (CPython gh-86296): the loop went on and the
+    # worker's shutdown waited for it forever (seen as a rare hang of a worker
+    # refusing a database without the schema). Here the event fires and the
+    # cancellation comes in the same turn of the event loop.
+    @app.task("t")
+    async def t() -> None:
+        return None
+
+    worker = Worker(app)
+    event = asyncio.Event()
+    rounds = 0
+
+    async def background_loop() -> None:
+        nonlocal rounds
+        while True:
+            await worker._wait(event, 10.0)
+            event.clear()
+            rounds += 1
+
+    loop_task = asyncio.create_task(background_loop())
+    await asyncio.sleep(0)  # the loop is now waiting on the event
+    event.set()
+    loop_task.cancel()
+    done, _ = await asyncio.wait({loop_task}, timeout=5.0)
+    assert done == {loop_task} and loop_task.cancelled()

@@ -206,7 +206,8 @@ class Execution:
         try:
             if run.task.timeout is None:
                 return await asyncio.shield(future)
-            return await asyncio.wait_for(asyncio.shield(future), run.task.timeout)
+            async with asyncio.timeout(run.task.timeout):  # not wait_for: Worker._wait
+                return await asyncio.shield(future)
         except TimeoutError:
             if future.done():
                 raise

@@ -440,8 +440,7 @@ class Worker(Execution, LeaseKeeping, MaintenanceLoop):
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake up when a stop is requested."""
-        with suppress(TimeoutError):
-            await asyncio.wait_for(self._stop_requested.wait(), seconds)
+        await self._wait(self._stop_requested, seconds)
 
     # -- claiming ------------------------------------------------------------------------
 
@@ -561,10 +560,17 @@ class Worker(Execution, LeaseKeeping, MaintenanceLoop):
         return max(timeout, 0.0)
 
     async def _wait(self, event: asyncio.Event, seconds: float) -> None:
+        """Wait for ``event``, at most ``seconds``.
+
+        asyncio.timeout, not asyncio.wait_for: on Python 3.11, a cancellation that
+        arrives as wait_for times out is lost (wait_for raises TimeoutError
+        instead, CPython gh-86296), and a background loop then never ends, so a
+        worker's shutdown waited for it forever."""
         if event.is_set():
             return
         with suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await event.wait()
 
     def _on_notify(self, queue_name: str) -> None:
         queue = self._queues.get(queue_name)
