@@ -29,6 +29,7 @@ def test_bench_in_place_with_load_and_report(
     assert code == 0, out.err
     text = report.read_text()
     assert "PostgreSQL" in text and "Python" in text and "cores" in text
+    assert "`synchronous_commit = off`, as a worker commits its claims by default" in text
     # one row per scenario and order of the seed's table: 11
     rows = [line for line in text.splitlines() if line.startswith("| ") and "2 000" in line]
     assert len(rows) == 11
@@ -50,10 +51,11 @@ def test_bench_makes_and_drops_its_own_database(server_url: str, tmp_path: Path)
     code = main([
         "bench", "claims", "--database-url", server_url, "--jobs", "500", "--repeat", "1",
         "--scenario", "no-keys", "--scenario", "whole-one-key", "--skip-load",
-        "--report", str(report),
+        "--report", str(report), "--durable",
     ])
     assert code == 0
     text = report.read_text()
+    assert "`synchronous_commit = on`, as a worker with `durable_claims=True`" in text
     assert "`no-keys`" in text and "`whole-one-key`" in text and "`urgent`" not in text
     assert "## Load" not in text
     assert _bench_databases(server_url) == before

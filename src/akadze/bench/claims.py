@@ -134,8 +134,17 @@ def _md_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _commit_words(durable: bool) -> str:
+    if durable:
+        return ("(`synchronous_commit = on`, as a worker with `durable_claims=True` "
+                "commits its claims)")
+    return ("(`synchronous_commit = off`, as a worker commits its claims by default: "
+            "`durable_claims=False`)")
+
+
 def write_report(path: Path, host: dict[str, str], repeat: int,
-                 timings: Sequence[Timing], loads: Sequence[LoadResult]) -> None:
+                 timings: Sequence[Timing], loads: Sequence[LoadResult],
+                 durable: bool = False) -> None:
     parts = [
         "# Claim speed (`akadze bench claims`)",
         "",
@@ -146,7 +155,7 @@ def write_report(path: Path, host: dict[str, str], repeat: int,
         "*Full ranking*: "
         "`claim_oracle`, which ranks the whole ready set in one statement. *Windowed*: "
         "`claim`. Both are the public calls, each committing its own transaction "
-        "(`synchronous_commit = on`); between claims the claimed rows are restored "
+        f"{_commit_words(durable)}; between claims the claimed rows are restored "
         "(untimed; no VACUUM, which would invalidate the claim's prepared plans). "
         "*Plain SKIP LOCKED*: the floor, one statement "
         "taking the first 20 ready rows with no limits and no fairness "
@@ -210,13 +219,16 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) ->
 @click.option("--claimers", type=click.IntRange(1, 64), default=10, show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Markdown report here.")
+@click.option("--durable", is_flag=True,
+              help="Commit each timed claim with synchronous_commit = on (a worker with "
+              "durable_claims=True); by default off, as a worker commits its claims.")
 @click.option("--in-place", is_flag=True,
               help="Bench in the given database itself: EMPTIES its akadze tables.")
 @database_url_option
 def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float,
             skip_load: bool, load_jobs: int,
-            load_seconds: float, claimers: int, report: Path | None, in_place: bool,
-            database_url: str | None) -> None:
+            load_seconds: float, claimers: int, report: Path | None, durable: bool,
+            in_place: bool, database_url: str | None) -> None:
     """Time the windowed claim against the full ranking, and run the load test."""
     url = resolve(database_url)
     chosen = [s for s in SCENARIOS if not names or s.name in names]
@@ -225,6 +237,8 @@ def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float
     click.echo(f"benching on {describe(url)}" + (" (in place)" if in_place else ""))
     with scratch_database(url, in_place) as scratch, connect(scratch) as conn:
         host = host_details(conn)
+        if not durable:  # the timed claims, the full ranking and the floor alike
+            conn.execute("SET synchronous_commit = off")
         for scenario in chosen:
             started = time.monotonic()
             build(conn, scenario, jobs)
@@ -244,5 +258,5 @@ def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float
                 for error in sorted(set(r.errors))[:5]:
                     click.echo(f"{r.order}: {error}", err=True)
     if report is not None:
-        write_report(report, host, repeat, timings, loads)
+        write_report(report, host, repeat, timings, loads, durable)
         click.echo(f"report written to {report}")
