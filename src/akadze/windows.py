@@ -337,9 +337,19 @@ def _start_with_state(request: Request, known: _Known) -> Steps0:
     # Limit state only: in fair order a remembered key that has room again gets
     # its busy count from the window that meets it (it is not in `known` until
     # its busy count is), like any key met.
-    settings, rows = yield Batch((_start(request), _counts(request, keys, ())))
+    params = {"keys": keys, "now": request.now}
+    settings, rows = yield Batch((_start(request), _statement("claim_remembered", params)))
     known.started(settings)
-    _learn_counts(known, keys, (), rows)
+    limited: set[str] = set()
+    for kind, key, max_running, running, max_starts, starts, blocked in rows:
+        if kind == "blocked":  # the keys still without room, in one array
+            for full in blocked or ():
+                limited.add(full)
+                known.room.setdefault(full, 0)
+        else:
+            limited.add(key)
+            known.learn(key, True, max_running, running, max_starts, starts, None)
+    known.unlimited.update(k for k in keys if k not in limited)
 
 
 def _lock_taken(

@@ -352,6 +352,40 @@ SELECT 'busy', NULL, NULL,
        NULL, NULL
 WHERE %(null_group)s
 
+-- name: claim_remembered
+-- The limit state of the keys this connection's last claim of the queue left
+-- without room (windows._Memory), counted without locks like a window's, in
+-- the claim's first round trip. Counted as in claim_counts, but the keys still
+-- without room come back as one array (kind 'blocked') and only the others as
+-- rows (kind 'limit'): a claim remembering a thousand blocked keys receives and
+-- parses one row, not a thousand. "Without room" is planner.headroom = 0: a
+-- present policy used up (running >= max_running or starts >= max_starts).
+WITH counted AS (
+    SELECT l.key, l.max_running,
+           (SELECT count(*) FROM akadze.jobs r
+            WHERE r.state = 'running' AND r.limit_key = l.key) AS running,
+           l.max_starts,
+           CASE WHEN l.max_starts IS NULL THEN 0
+                ELSE (SELECT count(*) FROM akadze.start_marks m
+                      WHERE m.key = l.key
+                        AND m.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
+           END AS starts
+    FROM akadze.limits l
+    WHERE l.key IN (SELECT unnest(%(keys)b::text[]))
+), judged AS (
+    SELECT c.*, COALESCE(c.running >= c.max_running, false)
+                OR COALESCE(c.starts >= c.max_starts, false) AS full
+    FROM counted c
+)
+SELECT 'limit' AS kind, j.key, j.max_running, j.running, j.max_starts, j.starts,
+       NULL::text[] AS blocked
+FROM judged j
+WHERE NOT j.full
+UNION ALL
+SELECT 'blocked', NULL, NULL, NULL, NULL, NULL, array_agg(j.key)
+FROM judged j
+WHERE j.full
+
 -- name: claim_take_sweep
 -- The windowed claim's take (claim_take) and, when `sweep`, its cancel sweep
 -- (claim_cancel_due) in one statement: one round trip instead of two. The two
