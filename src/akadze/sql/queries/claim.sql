@@ -360,7 +360,9 @@ WHERE %(null_group)s
 -- rows (kind 'limit'): a claim remembering a thousand blocked keys receives and
 -- parses one row, not a thousand. "Without room" is planner.headroom = 0: a
 -- present policy used up (running >= max_running or starts >= max_starts).
-WITH counted AS (
+-- MATERIALIZED: inlined, each count was run twice per key (once for its
+-- column, once more for `full`).
+WITH counted AS MATERIALIZED (
     SELECT l.key, l.max_running,
            (SELECT count(*) FROM akadze.jobs r
             WHERE r.state = 'running' AND r.limit_key = l.key) AS running,
