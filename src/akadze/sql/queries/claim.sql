@@ -311,7 +311,7 @@ FOR UPDATE OF l
 -- unlimited; a key with a row we could not lock is held by another claim and is
 -- left out of this one. (A row this claim already holds is locked again at no
 -- cost.)
--- (IN (SELECT unnest(..)) rather than = ANY (..): see claim_counts.)
+-- (IN (SELECT unnest(..)) rather than = ANY (..): see claim_limit_counts.)
 SELECT l.key, (mine.key IS NOT NULL) AS locked
 FROM akadze.limits l
 LEFT JOIN (
@@ -326,19 +326,10 @@ WHERE l.key IN (SELECT unnest(%(keys)b::text[]))
 -- its READ COMMITTED snapshot sees every commit of the claim that held a key
 -- before us, so running(k) and starts(k) are exact while we hold the row.
 -- Also counts busy(g) for fair groups (running jobs of the group in this queue).
-SELECT 'limit' AS kind, l.key, l.max_running,
-       (SELECT count(*) FROM akadze.jobs r
-        WHERE r.state = 'running' AND r.limit_key = l.key) AS running,
-       l.max_starts,
-       CASE WHEN l.max_starts IS NULL THEN 0
-            ELSE (SELECT count(*) FROM akadze.start_marks m
-                  WHERE m.key = l.key AND m.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
-       END AS starts
-FROM akadze.limits l
--- IN (SELECT unnest(..)), not = ANY (..): a generic plan searches an array
--- parameter linearly for every row (quadratic for a claim that counts a
--- thousand remembered keys); the subquery is hashed once.
-WHERE l.key IN (SELECT unnest(%(keys)b::text[]))
+SELECT 'limit' AS kind, c.key, c.max_running, c.running, c.max_starts, c.starts
+FROM (
+-- include: claim_limit_counts
+) c
 UNION ALL
 SELECT 'busy', g.key, NULL,
        (SELECT count(*) FROM akadze.jobs r
@@ -363,17 +354,7 @@ WHERE %(null_group)s
 -- MATERIALIZED: inlined, each count was run twice per key (once for its
 -- column, once more for `full`).
 WITH counted AS MATERIALIZED (
-    SELECT l.key, l.max_running,
-           (SELECT count(*) FROM akadze.jobs r
-            WHERE r.state = 'running' AND r.limit_key = l.key) AS running,
-           l.max_starts,
-           CASE WHEN l.max_starts IS NULL THEN 0
-                ELSE (SELECT count(*) FROM akadze.start_marks m
-                      WHERE m.key = l.key
-                        AND m.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
-           END AS starts
-    FROM akadze.limits l
-    WHERE l.key IN (SELECT unnest(%(keys)b::text[]))
+-- include: claim_limit_counts
 ), judged AS (
     SELECT c.*, COALESCE(c.running >= c.max_running, false)
                 OR COALESCE(c.starts >= c.max_starts, false) AS full
@@ -533,6 +514,25 @@ FROM (
 ) st
 WHERE st.limited OR st.busy > 0
 ORDER BY 2 DESC NULLS LAST, 3, 1
+
+-- fragment: claim_limit_counts
+-- The limits rows of the keys `keys` with what counts against them: running
+-- jobs of the key in every queue, and start marks inside its window (0 without
+-- max_starts). Columns key, max_running, running, max_starts, starts.
+SELECT l.key, l.max_running,
+       (SELECT count(*) FROM akadze.jobs r
+        WHERE r.state = 'running' AND r.limit_key = l.key) AS running,
+       l.max_starts,
+       CASE WHEN l.max_starts IS NULL THEN 0
+            ELSE (SELECT count(*) FROM akadze.start_marks m
+                  WHERE m.key = l.key
+                    AND m.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
+       END AS starts
+FROM akadze.limits l
+-- IN (SELECT unnest(..)), not = ANY (..): a generic plan searches an array
+-- parameter linearly for every row (quadratic for a claim that counts a
+-- thousand remembered keys); the subquery is hashed once.
+WHERE l.key IN (SELECT unnest(%(keys)b::text[]))
 
 -- fragment: claim_take_rows
 -- The CTEs `picked`, `taken`, `marked`, `pruned` of
