@@ -562,10 +562,11 @@ class Worker(Execution, LeaseKeeping, MaintenanceLoop):
     async def _wait(self, event: asyncio.Event, seconds: float) -> None:
         """Wait for ``event``, at most ``seconds``.
 
-        asyncio.timeout, not asyncio.wait_for: on Python 3.11, a cancellation that
-        arrives as wait_for times out is lost (wait_for raises TimeoutError
-        instead, CPython gh-86296), and a background loop then never ends, so a
-        worker's shutdown waited for it forever."""
+        asyncio.timeout, not asyncio.wait_for: on Python 3.11, wait_for loses a
+        cancellation that arrives as the awaited event fires or as the timeout
+        expires (it returns, or raises TimeoutError, instead: CPython gh-86296);
+        a background loop then never ends, and the worker's shutdown waited for
+        it forever."""
         if event.is_set():
             return
         with suppress(TimeoutError):
