@@ -103,7 +103,8 @@ async def measure_throughput(url: str, jobs: int, slots: int) -> Throughput:
         conn.execute("VACUUM ANALYZE akadze.jobs")
         began = time.perf_counter()
         async with Worker(bench.app, slots=slots, poll_interval=1.0, lease=60) as worker:
-            await asyncio.wait_for(bench.finished.wait(), timeout=max(60, jobs / 500))
+            async with asyncio.timeout(max(60, jobs / 500)):  # not wait_for: Worker._wait
+                await bench.finished.wait()
             await worker.wait_idle()
             seconds = time.perf_counter() - began
         row = conn.execute("SELECT count(*) FROM akadze.jobs WHERE state = 'succeeded'"
