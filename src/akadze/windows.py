@@ -316,11 +316,17 @@ def _load_state(request: Request, known: _Known, need: planner.NeedState) -> Ste
 
 def _learn_counts(known: _Known, keys: Sequence[str], groups: Sequence[str | None],
                   rows: list[Row]) -> None:
+    """The rows of claim_counts (kinds 'limit' and 'busy') or of claim_remembered
+    ('limit', and 'blocked': the keys still without room, in one array)."""
     limited: set[str] = set()
-    for kind, key, max_running, running, max_starts, starts in rows:
+    for kind, key, max_running, running, max_starts, starts, *blocked in rows:
         if kind == "limit":
             limited.add(key)
             known.learn(key, True, max_running, running, max_starts, starts, None)
+        elif kind == "blocked":
+            for full in blocked[0] or ():
+                limited.add(full)
+                known.room.setdefault(full, 0)
         elif key not in known.busy:
             known.busy[key] = running
     known.unlimited.update(k for k in keys if k not in limited)
@@ -340,16 +346,7 @@ def _start_with_state(request: Request, known: _Known) -> Steps0:
     params = {"keys": keys, "now": request.now}
     settings, rows = yield Batch((_start(request), _statement("claim_remembered", params)))
     known.started(settings)
-    limited: set[str] = set()
-    for kind, key, max_running, running, max_starts, starts, blocked in rows:
-        if kind == "blocked":  # the keys still without room, in one array
-            for full in blocked or ():
-                limited.add(full)
-                known.room.setdefault(full, 0)
-        else:
-            limited.add(key)
-            known.learn(key, True, max_running, running, max_starts, starts, None)
-    known.unlimited.update(k for k in keys if k not in limited)
+    _learn_counts(known, keys, (), rows)
 
 
 def _lock_taken(
