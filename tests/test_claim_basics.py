@@ -261,17 +261,17 @@ def test_a_connection_remembers_the_keys_its_last_claim_left_without_room(conn: 
     free = [add(conn, age=10 - i) for i in range(3)]
     assert ids(claim(conn, queue="q", slots=2, now=NOW)) == free[:2]
     # "idle" has room and no job here: only the key at its limit is remembered.
-    assert memory.get(conn, "q") == ("hot",)
-    assert memory.get(conn, "other") == ()
+    assert memory.get(conn, "q").blocked == ("hot",)
+    assert memory.get(conn, "other").blocked == ()
     # A hint, not a verdict: once the key has room again, the next claim on the
     # same connection counts it again and takes its job first.
     conn.execute("UPDATE akadze.jobs SET state = 'succeeded', finished_at = %s WHERE id = %s",
                  (NOW, running))
     assert ids(claim(conn, queue="q", slots=2, now=NOW)) == [hot[0], free[2]]
-    assert memory.get(conn, "q") == ("hot",)  # at its limit again, by this claim
+    assert memory.get(conn, "q").blocked == ("hot",)  # at its limit again, by this claim
     conn.execute("DELETE FROM akadze.limits WHERE key = 'hot'")
     assert ids(claim(conn, queue="q", slots=5, now=NOW)) == hot[1:]
-    assert memory.get(conn, "q") == ()
+    assert memory.get(conn, "q").blocked == ()
 
 
 @CLAIMS

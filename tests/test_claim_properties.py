@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from akadze import Akadze
 from akadze.claim import claim, claim_oracle
+from akadze.steps import Hints
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(seconds=60)
@@ -41,9 +42,12 @@ class Case:
     # how the windowed claim reads: default thresholds, no group scan, or a scan
     # bound too small to list every group
     scan: str
-    # keys the windowed claim remembers from a previous claim on the connection
-    # (a hint: any set, limited or not, existing or not, must give the same claim)
+    # what the windowed claim remembers from a previous claim on the connection
+    # (hints: any blocked keys, limited or not, existing or not, any groups,
+    # fewer or more than the queue has, any read size, must give the same claim)
     remembered: tuple[str, ...] = ()
+    groups: frozenset[str | None] | None = None
+    read: int = 0
 
 
 JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "limit_key",
@@ -107,6 +111,16 @@ def cases(draw: st.DrawFn) -> Case:
         # case a wrong "still without room" would get wrong
         remembered=tuple(draw(st.lists(st.sampled_from([*limited, *limited, *KEYS[1:], "gone"]),
                                        unique=True, max_size=4))),
+        # the queue's groups, as a previous claim may have listed them: mostly
+        # those of the jobs here (a few more or fewer), sometimes none at all
+        groups=draw(st.one_of(
+            st.none(),
+            st.builds(lambda extra, drop: frozenset(
+                {j[6] for j in jobs if j[1] == "q" and j[3] == "queued"} | set(extra)) - set(drop),
+                st.sets(st.sampled_from([*KEYS, "gone"]), max_size=2),
+                st.sets(st.sampled_from(KEYS), max_size=1)),
+            st.frozensets(st.sampled_from([*KEYS, "gone"]), max_size=5))),
+        read=draw(st.sampled_from([0, 0, 7, 100, 5000])),
     )
 
 
@@ -168,7 +182,7 @@ def run(conn: Conn, case: Case, claim_fn: Callable[..., Any]) -> tuple[Any, ...]
 def check(conn: Conn, case: Case, scan_mode: Callable[[str], None]) -> None:
     expected = run(conn, case, claim_oracle)
     scan_mode(case.scan)
-    claim_module.memory.put(conn, "q", case.remembered)
+    claim_module.memory.put(conn, "q", Hints(case.remembered, case.read, case.groups))
     got = run(conn, case, claim)
     assert got[0] == expected[0], "claimed jobs differ"
     assert got[1] == expected[1], "effects differ"

@@ -9,7 +9,7 @@ from akadze import queries
 
 def test_every_query_is_sent_without_comment_lines_or_includes() -> None:
     names = queries.names()
-    assert "claim_window" in names and "claim_take_sweep" in names
+    assert "claim_window" in names and "claim_sweep" in names
     for name in names:
         lines = queries.text(name).splitlines()
         assert lines, name
@@ -18,21 +18,20 @@ def test_every_query_is_sent_without_comment_lines_or_includes() -> None:
 
 
 def test_a_fragment_is_spliced_into_each_query_that_includes_it() -> None:
-    take = queries.text("claim_take")
-    sweep = queries.text("claim_take_sweep")
-    for text in (take, sweep):
-        assert "picked AS (" in text and "pruned AS (" in text
-    # Both spell the take the same way, once each.
-    start = take.index("picked AS (")
-    block = take[start:take.index("SELECT * FROM taken")].rstrip()
-    assert sweep.count(block) == 1
+    counts = queries.text("claim_counts")
+    remembered = queries.text("claim_remembered")
+    # Both count a key's limit state the same way, once each.
+    start = remembered.index("SELECT l.key")
+    block = remembered[start:remembered.index(")", remembered.index("unnest", start))].rstrip()
+    assert len(block) > 100
+    assert counts.count(block) == 1 and remembered.count(block) == 1
     # A fragment is no query of its own.
-    with pytest.raises(KeyError, match="claim_take_rows"):
-        queries.text("claim_take_rows")
+    with pytest.raises(KeyError, match="claim_limit_counts"):
+        queries.text("claim_limit_counts")
 
 
 def test_the_claim_statements_stay_under_psycopgs_conversion_cache_limit() -> None:
     # psycopg caches its conversion of a query's placeholders only up to 4 KiB;
     # longer texts are parsed again at every execution.
-    for name in ("claim_window", "claim_group_rows", "claim_take_sweep", "claim_groups"):
+    for name in ("claim_window", "claim_group_rows", "claim_take", "claim_sweep", "claim_groups"):
         assert len(queries.text(name).encode()) <= 4096, name

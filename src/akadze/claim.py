@@ -251,15 +251,16 @@ def claim(
     Returns the claimed jobs in claim order.
 
     Reuse the connection for the next claims: the claim's statements are
-    prepared on it, and it remembers the keys its last claim of ``queue`` left
-    at their limit (a hint for the next claim; never a change to its result).
+    prepared on it, and it remembers the shape of ``queue`` its last claim saw
+    (keys at their limit, how much it read, the queue's groups): hints for the
+    next claim, checked before they are used, never a change to its result.
     """
     request = _request(queue, slots, fair, worker_id, tasks, now)
-    # The keys this connection's last claim of the queue left without room
-    # (windows.memory): a hint that spares finding them again.
+    # What this connection's last claim of the queue learnt about its shape
+    # (windows.memory): hints that spare finding it out again.
     request = replace(
-        request, remembered=memory.get(conn, queue),
-        on_blocked=functools.partial(memory.put, conn, queue))
+        request, hints=memory.get(conn, queue),
+        on_done=functools.partial(memory.put, conn, queue))
     result: list[ClaimedJob] | Awaitable[list[ClaimedJob]] = _dispatch(
         conn, request, app, windowed_steps
     )

@@ -61,6 +61,23 @@ Row = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
+class Hints:
+    """What a connection's last claim of a queue learnt about the queue's shape,
+    for its next claim of that queue (:class:`akadze.windows.Memory`). Hints
+    only: the next claim checks each one before it relies on it, so a stale
+    hint changes how much the claim reads, never what it returns.
+
+    ``blocked``: the keys it left without room. ``read``: the index entries its
+    last reading read, when it read windows (the next claim's first window).
+    ``groups``: every group with queued rows, when a skip scan listed them all.
+    """
+
+    blocked: tuple[str, ...] = ()
+    read: int = 0
+    groups: frozenset[str | None] | None = None
+
+
+@dataclass(frozen=True)
 class Request:
     """One claim's arguments, checked."""
 
@@ -72,11 +89,11 @@ class Request:
     now: datetime | None
     # Whether transition hooks run in the claim's transaction after it.
     hooks: bool = True
-    # Keys the previous claim of this queue on this connection found without
-    # room (a hint: their state is counted again before they are left out), and
-    # where the windowed claim reports the keys it leaves without room.
-    remembered: tuple[str, ...] = ()
-    on_blocked: Callable[[tuple[str, ...]], None] | None = field(default=None, compare=False)
+    # What the previous claim of this queue on this connection learnt (hints,
+    # checked before they are relied on), and where the windowed claim reports
+    # what it learnt for the next one.
+    hints: Hints = Hints()
+    on_done: Callable[[Hints], None] | None = field(default=None, compare=False)
 
     def params(self, now: datetime | None = None) -> dict[str, object]:
         """``now``: the claim's resolved clock (the oracle); by default the

@@ -13,13 +13,24 @@ import threading
 import weakref
 from collections import Counter
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from . import planner, queries
 from .jobs import ClaimedJob
-from .steps import Batch, Request, Row, Statement, Step, Steps, Steps0, finish, job_from_row
+from .steps import (
+    Batch,
+    Hints,
+    Request,
+    Row,
+    Statement,
+    Step,
+    Steps,
+    Steps0,
+    finish,
+    job_from_row,
+)
 
 # -- the windowed claim -----------------------------------------------------------------
 
@@ -37,53 +48,61 @@ GROUP_SCAN_TRY = 16
 
 Position = tuple[int, datetime, int]
 
-# At most this many keys are remembered per queue and connection ...
+# At most this many blocked keys are remembered per queue and connection ...
 MEMORY_MAX = 4096
-# ... and they are used only from this many on. Finding a few blocked keys costs
-# a claim a window at most; leaving them out from the first window on would also
-# make it filter their backlogs where the skip scan (GROUP_SCAN_TRY) reads
-# around them for nothing.
+# ... and a window leaves them out only from this many on. Finding a few
+# blocked keys costs a claim a window at most; leaving them out from the first
+# window on would also make it filter their backlogs where the skip scan
+# (GROUP_SCAN_TRY) reads around them for nothing. A read per group leaves out
+# any number of them for free.
 MEMORY_FROM = 17
+# The first window is as large as what the last claim read, up to this many
+# entries (the default first window is planner.first_window).
+READ_HINT_MAX = 2048
 
 
-class _Memory:
-    """The keys each connection's last claim of a queue left without room.
+class Memory:
+    """What each connection's last claim of a queue learnt about the queue
+    (:class:`~akadze.steps.Hints`).
 
-    A worker claims the same queue again and again, and a key at its limit is
-    usually still there at the next claim; without this, every claim finds the
-    blocked keys anew, window after window. The next claim counts their state
-    in its first round trip and leaves out those still without room from its
-    first window on. A hint only: a key's state is always counted again, so what
-    is remembered never changes a claim's result, only how much it reads.
-    Connections are held weakly; a connection that cannot be is not remembered.
+    A worker claims the same queue again and again, and the queue's shape
+    changes slowly: a key at its limit is usually still there at the next claim,
+    a fair queue that needed three windows needs them again, and a queue of a
+    few groups keeps them. Without this, every claim finds all that out anew,
+    a round trip at a time. The next claim checks each hint in its first round
+    trip before it relies on it (a remembered key's state is counted again, the
+    groups are listed again), so a hint never changes a claim's result, only how
+    much it reads. Connections are held weakly; a connection that cannot be is
+    not remembered.
     """
 
     def __init__(self) -> None:
-        self._keys: weakref.WeakKeyDictionary[object, dict[str, tuple[str, ...]]] = (
+        self._hints: weakref.WeakKeyDictionary[object, dict[str, Hints]] = (
             weakref.WeakKeyDictionary())
         # Sync callers may claim from several threads, each on its connection.
         self._lock = threading.Lock()
 
-    def get(self, conn: object, queue: str) -> tuple[str, ...]:
+    def get(self, conn: object, queue: str) -> Hints:
         with self._lock:
             try:
-                return self._keys.get(conn, {}).get(queue, ())
+                return self._hints.get(conn, {}).get(queue, _NO_HINTS)
             except TypeError:
-                return ()
+                return _NO_HINTS
 
-    def put(self, conn: object, queue: str, keys: tuple[str, ...]) -> None:
+    def put(self, conn: object, queue: str, hints: Hints) -> None:
         with self._lock:
             try:
-                by_queue = self._keys.setdefault(conn, {})
+                by_queue = self._hints.setdefault(conn, {})
             except TypeError:
                 return
-            if keys:
-                by_queue[queue] = keys[:MEMORY_MAX]
+            if hints != _NO_HINTS:
+                by_queue[queue] = replace(hints, blocked=hints.blocked[:MEMORY_MAX])
             else:
                 by_queue.pop(queue, None)
 
 
-memory = _Memory()
+_NO_HINTS = Hints()
+memory = Memory()
 
 
 def _statement(name: str, params: Mapping[str, object] | None = None,
@@ -95,9 +114,17 @@ def _statement(name: str, params: Mapping[str, object] | None = None,
     return Statement(queries.get(name), params, prepare=True, fetch=fetch)
 
 
-def _start(request: Request) -> Statement:
-    """The claim's first statement: the queue's turn and the plan settings."""
-    return _statement("claim_start", {"queue": request.queue})
+def _opening(request: Request) -> tuple[Statement, Statement]:
+    """The claim's first two statements, at the head of its first round trip:
+    claim_start (the queue's turn and the plan settings) and claim_sweep (due
+    cancel-requested and expired rows become 'cancelled')."""
+    return (_statement("claim_start", {"queue": request.queue}),
+            _statement("claim_sweep", request.params()))
+
+
+def _opened(known: _Known, settings: list[Row], swept: list[Row]) -> None:
+    known.started(settings)
+    known.cancelled.extend(job_from_row(r) for r in swept)
 
 
 @dataclass
@@ -112,6 +139,7 @@ class _Reading:
     universe: frozenset[str | None] | None = None
     scanned_groups: bool = False
     group_reads: int = 0
+    entries: int = 0  # index entries the windows read (Hints.read)
 
 
 @dataclass
@@ -132,6 +160,7 @@ class _Known:
     room: dict[str, int] = field(default_factory=dict)
     busy: dict[str | None, int] = field(default_factory=dict)
     settings: dict[str, str] | None = None  # as they were before the claim changed them
+    cancelled: list[ClaimedJob] = field(default_factory=list)  # by claim_sweep
 
     def started(self, rows: list[Row]) -> None:
         """The settings claim_start replaced (restored before the hooks run)."""
@@ -194,9 +223,9 @@ def _read_window(
     exclude: frozenset[str | None], need: int | None, first: bool = False,
 ) -> Steps0:
     """One window. ``first``: the claim's first window, which travels with the
-    guarded skip scan of the queue's groups (claim_groups) and, unless a
-    remembered key's state went first (:func:`_start_with_state`), with
-    claim_start: the queue's turn and the plan settings."""
+    guarded skip scan of the queue's groups (claim_groups) and, unless the
+    claim's first round trip went before (:func:`_start_with_state`), with
+    its opening statements (:func:`_opening`)."""
     params = {
         **request.params(), **_after_params(reading.after), **known.params(exclude),
         "window": window, "need": need,
@@ -206,9 +235,9 @@ def _read_window(
     if not first:
         rows = yield statement
     elif known.settings is None:
-        settings, rows, groups = yield Batch((_start(request), statement,
-                                              _groups(request, window)))
-        known.started(settings)
+        settings, swept, rows, groups = yield Batch((*_opening(request), statement,
+                                                     _groups(request, window)))
+        _opened(known, settings, swept)
     else:
         rows, groups = yield Batch((statement, _groups(request, window)))
     entries = _entries(rows, known)
@@ -216,6 +245,7 @@ def _read_window(
     # and still came back short of its size.
     scanned = next((r[11] for r in rows if r[0] is not None), 0)
     reading.complete = len(entries) == scanned < window
+    reading.entries += len(entries)
     _advance(reading, entries)
     if first:
         _learn_groups(known, reading, groups[0])
@@ -231,6 +261,15 @@ def _read_groups(
         # Every group of the queue is left out: nothing to read.
         reading.complete = True
         return
+    statement, per_group = _group_rows(request, known, reading, window, groups)
+    rows = yield statement
+    _apply_group_rows(known, reading, rows, per_group)
+
+
+def _group_rows(request: Request, known: _Known, reading: _Reading, window: int,
+                groups: frozenset[str | None]) -> tuple[Statement, int]:
+    """The read of the next rows of each of ``groups`` (claim_group_rows), and
+    how many it asks of each."""
     keys = sorted(k for k in groups if k is not None)
     # Each group gets a share of the window. No group can place more than
     # `slots` rows in the claim, so the first read asks for at most that many
@@ -240,10 +279,13 @@ def _read_groups(
     per_group = (max if reading.group_reads else min)(request.slots, share)
     reading.group_reads += 1
     params = {
-        **request.params(), **_after_params(reading.after), **known.params(exclude),
+        **request.params(), **_after_params(reading.after), **known.params(reading.excluded),
         "keys": keys, "null_group": None in groups, "per_group": per_group,
     }
-    rows = yield _statement("claim_group_rows", params)
+    return _statement("claim_group_rows", params), per_group
+
+
+def _apply_group_rows(known: _Known, reading: _Reading, rows: list[Row], per_group: int) -> None:
     entries = _entries(rows, known)
     # Each group returned at most per_group entries. Up to the earliest last
     # entry of a group that returned per_group of them, nothing was left unread
@@ -334,19 +376,81 @@ def _learn_counts(known: _Known, keys: Sequence[str], groups: Sequence[str | Non
         known.busy.setdefault(group, 0)
 
 
-def _start_with_state(request: Request, known: _Known) -> Steps0:
-    """The first round trip of a claim that remembers keys (:class:`_Memory`):
-    claim_start and the remembered keys' state, counted without locks like a
-    window's; the planner then leaves out those still without room from the
-    first window on, as if it had met them."""
-    keys = list(request.remembered)
+def _remembered(request: Request, keys: Sequence[str]) -> Statement:
     # Limit state only: in fair order a remembered key that has room again gets
-    # its busy count from the window that meets it (it is not in `known` until
-    # its busy count is), like any key met.
-    params = {"keys": keys, "now": request.now}
-    settings, rows = yield Batch((_start(request), _statement("claim_remembered", params)))
-    known.started(settings)
+    # its busy count from the read that meets it (it is not in `known` until its
+    # busy count is), like any key met.
+    return _statement("claim_remembered", {"keys": list(keys), "now": request.now})
+
+
+def _start_with_state(request: Request, known: _Known) -> Steps0:
+    """The first round trip of a claim that remembers many blocked keys
+    (:class:`Memory`): its opening and the remembered keys' state, counted
+    without locks like a window's; the planner then leaves out those still
+    without room from the first window on, as if it had met them."""
+    keys = request.hints.blocked
+    settings, swept, rows = yield Batch((*_opening(request), _remembered(request, keys)))
+    _opened(known, settings, swept)
     _learn_counts(known, keys, (), rows)
+
+
+def _reads_groups_first(request: Request) -> bool:
+    """Whether the claim's first read is one per remembered group: when the
+    first window could give each group not left out ``slots`` rows. With more
+    groups each would get only a few rows, and a group holding the head of the
+    queue would cut the read short there (:func:`_apply_group_rows`) where a
+    window shows at once how far ahead of the others it is."""
+    groups = request.hints.groups
+    if groups is None:
+        return False
+    rest = groups - frozenset(request.hints.blocked)
+    return len(rest) * request.slots <= planner.first_window(request.slots)
+
+
+def _start_with_groups(request: Request, known: _Known, reading: _Reading) -> Steps0:
+    """The first round trip of a claim that remembers the queue's groups (a
+    skip scan listed them all last time): its opening, the remembered blocked
+    keys' state, the skip scan again, and, in the same round trip, the first
+    read of each remembered group but the blocked keys (claim_group_rows), as if
+    the scan had already answered. The read stands only if the hints held: the
+    scan found no group the read left out, and every key left out is still
+    without room. Otherwise its rows are dropped (the state they brought is
+    kept: it is the state) and the claim reads on from the head, knowing the
+    groups. Leaving a group out of a read per group costs nothing, so every
+    remembered blocked key is left out, however few (MEMORY_FROM is for
+    windows, which filter)."""
+    hints = request.hints
+    assert hints.groups is not None
+    blocked = hints.blocked
+    reading.excluded = frozenset(blocked)
+    groups = hints.groups - reading.excluded
+    window = planner.first_window(request.slots)
+    statements = [*_opening(request)]
+    if blocked:
+        statements.append(_remembered(request, blocked))
+    statements.append(_groups(request, 0))
+    per_group = 0
+    if groups:
+        read, per_group = _group_rows(request, known, reading, window, groups)
+        statements.append(read)
+    replies = iter((yield Batch(tuple(statements))))
+    _opened(known, next(replies), next(replies))
+    if blocked:
+        _learn_counts(known, blocked, (), next(replies))
+    _learn_groups(known, reading, next(replies)[0])
+    rows: list[Row] = next(replies, [])
+    held = (reading.universe is not None and reading.universe <= hints.groups
+            and all(known.room.get(k) == 0 for k in blocked))
+    if held:
+        reading.window = window
+        if groups:
+            _apply_group_rows(known, reading, rows, per_group)
+        else:
+            reading.complete = True  # every group of the queue is blocked
+        return
+    _entries(rows, known)
+    reading.excluded = frozenset()
+    reading.group_reads = 0
 
 
 def _lock_taken(
@@ -419,45 +523,38 @@ def _wait_first(request: Request, known: _Known) -> Generator[Step, Any, None]:
             planner.Limit(max_running, running, max_starts, starts or 0))
 
 
-def _take(
-    request: Request, ids: Sequence[int], sweep: bool
-) -> Generator[Step, Any, tuple[list[ClaimedJob], list[ClaimedJob]]]:
-    """Take the planned rows (those still free), and sweep cancelled/expired rows
-    when ``sweep``; returns (taken in the order of ``ids``, cancelled)."""
-    params = {**request.params(), "ids": list(ids), "worker_id": request.worker_id,
-              "sweep": sweep}
-    rows = yield _statement("claim_take_sweep", params)
-    by_id: dict[int, ClaimedJob] = {}
-    cancelled: list[ClaimedJob] = []
-    for row in rows:
-        job = job_from_row(row[1:])
-        if row[0] == "running":
-            by_id[job.id] = job
-        else:
-            cancelled.append(job)
-    return [by_id[i] for i in ids if i in by_id], cancelled
+def _take(request: Request, ids: Sequence[int]) -> Generator[Step, Any, list[ClaimedJob]]:
+    """Take the planned rows (those still free); returned in the order of ``ids``."""
+    params = {**request.params(), "ids": list(ids), "worker_id": request.worker_id}
+    rows = yield _statement("claim_take", params)
+    by_id = {job.id: job for job in map(job_from_row, rows)}
+    return [by_id[i] for i in ids if i in by_id]
 
 
 def windowed_steps(request: Request) -> Steps:
     """The windowed claim (seed-claim): read the queue in windows until the
     planner proves that nothing unread can change the result."""
     known = _Known(request.fair)
+    hints = request.hints
     claimed: list[ClaimedJob] = []
-    cancelled: list[ClaimedJob] = []
     skip: set[int] = set()
-    # The first round trip begins with claim_start: the queue's turn (docs/
+    # The first round trip opens with claim_start: the queue's turn (docs/
     # explanation/claim.md, "Claims of one queue take turns"), the claim's first
-    # lock, taken holding nothing. It carries the first window, or, when keys
-    # are remembered, their state (the first window follows).
-    if len(request.remembered) >= MEMORY_FROM:
-        yield from _start_with_state(request, known)
+    # lock, taken holding nothing; then claim_sweep. It carries the first read
+    # (a window, or with remembered groups a read per group), or, when many
+    # blocked keys are remembered, their state (the first window follows).
+    reading = _Reading(rows=[])
     first = True
-    swept = waited = False
-    universe: frozenset[str | None] | None = None
-    scanned = False
+    if _reads_groups_first(request):
+        yield from _start_with_groups(request, known, reading)
+        first = False
+    elif len(hints.blocked) >= MEMORY_FROM:
+        yield from _start_with_state(request, known)
+    # The first window is as large as what the last claim read (a hint).
+    first_size = min(hints.read, READ_HINT_MAX)
+    waited = False
     while len(claimed) < request.slots:
         slots = request.slots - len(claimed)
-        reading = _Reading(rows=[], universe=universe, scanned_groups=scanned)
         decision: planner.Decision
         while True:
             view = planner.View(
@@ -466,7 +563,7 @@ def windowed_steps(request: Request) -> Steps:
                 complete=reading.complete, window=reading.window,
                 excluded=reading.excluded, headroom=known.room,
                 unlimited=known.unlimited, busy=known.busy, universe=reading.universe,
-                skip=skip,
+                skip=skip, first=first_size,
             )
             decision = planner.plan(view)
             if isinstance(decision, planner.Settled):
@@ -485,8 +582,7 @@ def windowed_steps(request: Request) -> Steps:
                     waited = True
                     yield from _wait_first(request, known)
                 # From the head; the groups listed by a skip scan stay listed.
-                reading = _Reading(rows=[], universe=reading.universe,
-                                   scanned_groups=reading.scanned_groups)
+                reading = _again(reading)
                 continue
             if isinstance(decision, planner.NeedState):
                 yield from _load_state(request, known, decision)
@@ -509,12 +605,10 @@ def windowed_steps(request: Request) -> Steps:
         # The first read took the queue's turn (claim_start) before anything else.
         assert known.settings is not None
         planned = decision.take
-        if not planned and swept:
+        if not planned:
             break
-        got, gone = yield from _take(request, planned, not swept)
-        swept = True
+        got = yield from _take(request, planned)
         claimed.extend(got)
-        cancelled.extend(gone)
         # The rows just taken now run, and count: every limited key taken from
         # is locked by us, so its headroom is exact after taking one per row;
         # each taken row adds one to its group's busy.
@@ -530,16 +624,24 @@ def windowed_steps(request: Request) -> Steps:
         # head, leaving them out.
         taken = {job.id for job in got}
         skip.update(i for i in planned if i not in taken)
-        universe, scanned = reading.universe, reading.scanned_groups
-    if not swept:
-        _, cancelled = yield from _take(request, (), True)
-    cancelled.sort(key=lambda job: job.id)
-    if request.on_blocked is not None:
-        # Keys without room now, this claim's starts counted (windows._Memory).
-        request.on_blocked(tuple(key for key, room in known.room.items() if room == 0))
+        reading = _again(reading)
+    cancelled = sorted(known.cancelled, key=lambda job: job.id)
+    if request.on_done is not None:
+        # For the next claim: the keys without room now (this claim's starts
+        # counted), how much its last reading read, the queue's groups.
+        request.on_done(Hints(
+            blocked=tuple(key for key, room in known.room.items() if room == 0),
+            read=reading.entries if reading.universe is None else 0,
+            groups=reading.universe))
     if known.settings is not None and request.hooks:
         # The hooks run with the caller's settings (no round trip: this travels
         # with the hooks' first statement). Without hooks nothing more runs in
         # the transaction, and its settings end with it.
         yield _statement("claim_plan_restore", known.settings, fetch=False)
     return (yield from finish(cancelled, claimed))
+
+
+def _again(reading: _Reading) -> _Reading:
+    """A new reading from the head (a re-plan); the groups a skip scan listed
+    stay listed."""
+    return _Reading(rows=[], universe=reading.universe, scanned_groups=reading.scanned_groups)

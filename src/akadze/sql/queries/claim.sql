@@ -38,10 +38,64 @@ RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.ru
           j.started_at
 
 -- name: claim_take
--- Take the planned rows (the oracle's take; the windowed claim sweeps in the
--- same statement: claim_take_sweep). See the fragment claim_take_rows.
-WITH
--- include: claim_take_rows
+-- Take the planned rows (ids), both claims' take (the windowed claim swept in
+-- its first round trip: claim_sweep), and mark and prune the start marks of
+-- the keys started.
+--
+-- FOR UPDATE SKIP LOCKED re-checks every ready condition on the newest version
+-- of each row (READ COMMITTED re-evaluation), so a row that another claim took,
+-- or that was cancelled meanwhile, is simply missing from the result, and the
+-- caller plans again. The start mark of a rate-limited key is written in the
+-- same statement, so a re-plan counts it; the marks of those keys that have
+-- left their window are dropped here too (the claim holds the keys' limits
+-- rows, so nobody is counting them meanwhile). Pruning only the keys a claim
+-- starts keeps the effects of a claim independent of how much of the queue it
+-- happened to read, and bounds each key's marks by its own rate.
+WITH picked AS (
+    SELECT j.id
+    FROM akadze.jobs j
+    WHERE j.id = ANY (%(ids)b::bigint[])
+      AND j.queue = %(queue)s
+      AND j.state = 'queued'
+      AND j.run_at <= COALESCE(%(now)s::timestamptz, now())
+      AND NOT j.cancel_requested
+      AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
+    FOR UPDATE SKIP LOCKED
+),
+taken AS (
+    UPDATE akadze.jobs j
+    SET state = 'running',
+        run_count = j.run_count + 1,
+        attempt = j.attempt + 1,
+        worker_id = %(worker_id)s,
+        started_at = COALESCE(%(now)s::timestamptz, now())
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
+              j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
+              j.started_at
+),
+marked AS (
+    INSERT INTO akadze.start_marks (key, started_at, job_id)
+    SELECT t.limit_key, COALESCE(%(now)s::timestamptz, now()), t.id
+    FROM taken t
+    JOIN akadze.limits l ON l.key = t.limit_key
+    WHERE l.max_starts IS NOT NULL
+),
+pruned AS (
+    -- Same snapshot as the INSERT above: the new marks are not seen. A claim's
+    -- clock is its transaction's start, so claims do not reach a key's lock in
+    -- clock order: one that began earlier may count after us, over a window
+    -- that ends earlier than ours. Marks are therefore kept for a margin past
+    -- our window (5 minutes, far longer than any claim transaction lives), so
+    -- that such a claim still sees every mark it must count.
+    DELETE FROM akadze.start_marks m
+    USING akadze.limits l
+    WHERE m.key IN (SELECT t.limit_key FROM taken t)
+      AND l.key = m.key
+      AND m.started_at <= COALESCE(%(now)s::timestamptz, now()) - l."window"
+                          - interval '5 minutes'
+)
 SELECT * FROM taken
 
 -- ---------------------------------------------------------------------------
@@ -369,26 +423,20 @@ SELECT 'blocked', NULL, NULL, NULL, NULL, NULL, array_agg(j.key)
 FROM judged j
 WHERE j.full
 
--- name: claim_take_sweep
--- The windowed claim's take (claim_take) and, when `sweep`, its cancel sweep
--- (claim_cancel_due) in one statement: one round trip instead of two. The two
--- sets of rows are disjoint (a taken row is neither cancel-requested nor
--- expired; a swept row is one of the two), so the data-modifying CTEs never
--- touch the same row. `kind` says which is which: 'cancelled' rows first, then
--- the 'running' ones; the caller puts the taken rows in its planned order.
--- A paused queue sweeps nothing (nothing is taken there: no rows were planned).
-WITH
--- include: claim_take_rows
-, doomed AS (
-    -- As in claim_cancel_due (bounded, SKIP LOCKED). The candidates come from
-    -- the two partial indexes of migration 0002, one arm each, spelled out: in
-    -- a generic plan the single OR condition of claim_cancel_due was answered
-    -- by walking the primary key in id order over the whole table (18 ms at
-    -- 100 000 rows instead of two index probes).
+-- name: claim_sweep
+-- The windowed claim's cancel sweep (claim_cancel_due), sent in its first round
+-- trip right after claim_start, so that a claim that takes nothing (an idle
+-- worker's poll, a queue whose keys are all at their limit) ends after one
+-- round trip. The windows that follow in the same transaction no longer see
+-- the swept rows. Bounded and SKIP LOCKED, as claim_cancel_due. The candidates
+-- come from the two partial indexes of migration 0002, one arm each, spelled
+-- out: in a generic plan the single OR condition of claim_cancel_due was
+-- answered by walking the primary key in id order over the whole table (18 ms
+-- at 100 000 rows instead of two index probes). A paused queue sweeps nothing.
+WITH doomed AS (
     SELECT j.id
     FROM akadze.jobs j
-    WHERE %(sweep)s
-      AND NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
       AND j.id IN (
           SELECT d.id FROM akadze.jobs d
           WHERE d.queue = %(queue)s AND d.state = 'queued' AND d.cancel_requested
@@ -406,19 +454,14 @@ WITH
     ORDER BY j.id
     LIMIT 500
     FOR UPDATE OF j SKIP LOCKED
-),
-cancelled AS (
-    UPDATE akadze.jobs j
-    SET state = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz, now())
-    FROM doomed
-    WHERE j.id = doomed.id
-    RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-              j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-              j.started_at
 )
-SELECT 'cancelled' AS kind, * FROM (SELECT * FROM cancelled ORDER BY id) c
-UNION ALL
-SELECT 'running', * FROM taken
+UPDATE akadze.jobs j
+SET state = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz, now())
+FROM doomed
+WHERE j.id = doomed.id
+RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
+          j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
+          j.started_at
 
 -- name: claim_start
 -- The first statement of a windowed claim, sent with its first window (one
@@ -533,63 +576,3 @@ FROM akadze.limits l
 -- parameter linearly for every row (quadratic for a claim that counts a
 -- thousand remembered keys); the subquery is hashed once.
 WHERE l.key IN (SELECT unnest(%(keys)b::text[]))
-
--- fragment: claim_take_rows
--- The CTEs `picked`, `taken`, `marked`, `pruned` of
--- claim_take and claim_take_sweep: take the planned rows (ids), mark and prune
--- the start marks of the keys started.
---
--- FOR UPDATE SKIP LOCKED re-checks every ready condition on the newest version
--- of each row (READ COMMITTED re-evaluation), so a row that another claim took,
--- or that was cancelled meanwhile, is simply missing from the result, and the
--- caller plans again. The start mark of a rate-limited key is written in the
--- same statement, so a re-plan counts it; the marks of those keys that have
--- left their window are dropped here too (the claim holds the keys' limits
--- rows, so nobody is counting them meanwhile). Pruning only the keys a claim
--- starts keeps the effects of a claim independent of how much of the queue it
--- happened to read, and bounds each key's marks by its own rate.
-picked AS (
-    SELECT j.id
-    FROM akadze.jobs j
-    WHERE j.id = ANY (%(ids)b::bigint[])
-      AND j.queue = %(queue)s
-      AND j.state = 'queued'
-      AND j.run_at <= COALESCE(%(now)s::timestamptz, now())
-      AND NOT j.cancel_requested
-      AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
-    FOR UPDATE SKIP LOCKED
-),
-taken AS (
-    UPDATE akadze.jobs j
-    SET state = 'running',
-        run_count = j.run_count + 1,
-        attempt = j.attempt + 1,
-        worker_id = %(worker_id)s,
-        started_at = COALESCE(%(now)s::timestamptz, now())
-    FROM picked
-    WHERE j.id = picked.id
-    RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-              j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-              j.started_at
-),
-marked AS (
-    INSERT INTO akadze.start_marks (key, started_at, job_id)
-    SELECT t.limit_key, COALESCE(%(now)s::timestamptz, now()), t.id
-    FROM taken t
-    JOIN akadze.limits l ON l.key = t.limit_key
-    WHERE l.max_starts IS NOT NULL
-),
-pruned AS (
-    -- Same snapshot as the INSERT above: the new marks are not seen. A claim's
-    -- clock is its transaction's start, so claims do not reach a key's lock in
-    -- clock order: one that began earlier may count after us, over a window
-    -- that ends earlier than ours. Marks are therefore kept for a margin past
-    -- our window (5 minutes, far longer than any claim transaction lives), so
-    -- that such a claim still sees every mark it must count.
-    DELETE FROM akadze.start_marks m
-    USING akadze.limits l
-    WHERE m.key IN (SELECT t.limit_key FROM taken t)
-      AND l.key = m.key
-      AND m.started_at <= COALESCE(%(now)s::timestamptz, now()) - l."window"
-                          - interval '5 minutes'
-)
