@@ -64,10 +64,12 @@ def oracle(rows: Sequence[Row], room: Mapping[str, int], busy: Mapping[Key, int]
 
 
 def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Key, int],
-             slots: int, fair: bool, per_key_after: int | None) -> tuple[list[int], int]:
+             slots: int, fair: bool, per_key_after: int | None,
+             first: int = 0) -> tuple[list[int], int]:
     """Drive the planner like the claim shell does: windows over the index with
     exclusions; after ``per_key_after`` windows, a skip scan learns the groups and
-    reads go per group. Returns (ids, number of windows read)."""
+    reads go per group; ``first``: the first window's size hint. Returns (ids,
+    number of windows read)."""
     index = sorted(entries, key=lambda e: e.row.position)
     rows: list[Row] = []
     pos: tuple[int, datetime, int] | None = None
@@ -85,7 +87,7 @@ def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Ke
         view = View(slots=slots, fair=fair, rows=list(rows), boundary=boundary,
                     complete=complete, window=window, excluded=excluded,
                     headroom=dict(known_room), unlimited=frozenset(unlimited),
-                    busy=dict(known_busy), universe=universe)
+                    busy=dict(known_busy), universe=universe, first=first)
         decision = plan(view)
         if isinstance(decision, Settled):
             return list(decision.take), reads
@@ -180,9 +182,9 @@ def queues(draw: st.DrawFn) -> tuple[list[Entry], dict[str, int], dict[Key, int]
 
 
 def check_planner(queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int,
-                  fair: bool, per_key_after: int | None) -> None:
+                  fair: bool, per_key_after: int | None, first: int = 0) -> None:
     entries, room, busy = queue
-    got, _ = simulate(entries, room, busy, slots, fair, per_key_after)
+    got, _ = simulate(entries, room, busy, slots, fair, per_key_after, first)
     ready = [e.row for e in entries if e.ready]
     assert got == oracle(ready, room, busy, slots, fair)
 
@@ -192,6 +194,7 @@ CASES = {
     "slots": st.sampled_from([1, 1, 2, 3, 5, 8]),
     "fair": st.booleans(),
     "per_key_after": st.one_of(st.none(), st.integers(0, 3)),
+    "first": st.sampled_from([0, 0, 1, 7, 40, 100_000]),
 }
 
 
@@ -199,9 +202,9 @@ CASES = {
 @given(**CASES)
 def test_planner_matches_the_oracle(
     queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int, fair: bool,
-    per_key_after: int | None,
+    per_key_after: int | None, first: int,
 ) -> None:
-    check_planner(queue, slots, fair, per_key_after)
+    check_planner(queue, slots, fair, per_key_after, first)
 
 
 @pytest.mark.slow
@@ -210,9 +213,9 @@ def test_planner_matches_the_oracle(
 @given(**CASES)
 def test_planner_matches_the_oracle_many(
     queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int, fair: bool,
-    per_key_after: int | None,
+    per_key_after: int | None, first: int,
 ) -> None:
-    check_planner(queue, slots, fair, per_key_after)
+    check_planner(queue, slots, fair, per_key_after, first)
 
 
 def test_head_window_settles_a_plain_queue() -> None:

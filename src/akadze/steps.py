@@ -67,8 +67,9 @@ class Hints:
     only: the next claim checks each one before it relies on it, so a stale
     hint changes how much the claim reads, never what it returns.
 
-    ``blocked``: the keys it left without room. ``read``: the index entries its
-    last reading read, when it read windows (the next claim's first window).
+    ``blocked``: the keys it left without room. ``read``: when it read windows,
+    how many rows it read up to the last one it planned (the next claim's first
+    window holds that many, and half as many again).
     ``groups``: every group with queued rows, when a skip scan listed them all.
     """
 

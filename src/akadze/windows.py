@@ -56,8 +56,8 @@ MEMORY_MAX = 4096
 # (GROUP_SCAN_TRY) reads around them for nothing. A read per group leaves out
 # any number of them for free.
 MEMORY_FROM = 17
-# The first window is as large as what the last claim read, up to this many
-# entries (the default first window is planner.first_window).
+# The first window holds what the last claim needed (Hints.read), up to this
+# many entries (the default first window is planner.first_window).
 READ_HINT_MAX = 2048
 
 
@@ -139,7 +139,8 @@ class _Reading:
     universe: frozenset[str | None] | None = None
     scanned_groups: bool = False
     group_reads: int = 0
-    entries: int = 0  # index entries the windows read (Hints.read)
+    # Windows only: the rows read up to the last one planned (Hints.read).
+    needed: int = 0
 
 
 @dataclass
@@ -245,7 +246,6 @@ def _read_window(
     # and still came back short of its size.
     scanned = next((r[11] for r in rows if r[0] is not None), 0)
     reading.complete = len(entries) == scanned < window
-    reading.entries += len(entries)
     _advance(reading, entries)
     if first:
         _learn_groups(known, reading, groups[0])
@@ -550,8 +550,9 @@ def windowed_steps(request: Request) -> Steps:
         first = False
     elif len(hints.blocked) >= MEMORY_FROM:
         yield from _start_with_state(request, known)
-    # The first window is as large as what the last claim read (a hint).
-    first_size = min(hints.read, READ_HINT_MAX)
+    # The first window holds what the last claim needed, and half as much again
+    # (a hint: a window that needs more reads on as always).
+    first_size = min(hints.read + hints.read // 2, READ_HINT_MAX)
     waited = False
     while len(claimed) < request.slots:
         slots = request.slots - len(claimed)
@@ -568,6 +569,7 @@ def windowed_steps(request: Request) -> Steps:
             decision = planner.plan(view)
             if isinstance(decision, planner.Settled):
                 want = set(decision.take)
+                reading.needed = _needed(reading, want)
                 need = Counter(
                     r.key for r in reading.rows
                     if r.id in want and r.key in known.room and r.key not in known.locked)
@@ -628,10 +630,11 @@ def windowed_steps(request: Request) -> Steps:
     cancelled = sorted(known.cancelled, key=lambda job: job.id)
     if request.on_done is not None:
         # For the next claim: the keys without room now (this claim's starts
-        # counted), how much its last reading read, the queue's groups.
+        # counted), how far its windows read to its last planned row, the
+        # queue's groups.
         request.on_done(Hints(
             blocked=tuple(key for key, room in known.room.items() if room == 0),
-            read=reading.entries if reading.universe is None else 0,
+            read=reading.needed if reading.universe is None else 0,
             groups=reading.universe))
     if known.settings is not None and request.hooks:
         # The hooks run with the caller's settings (no round trip: this travels
@@ -639,6 +642,17 @@ def windowed_steps(request: Request) -> Steps:
         # the transaction, and its settings end with it.
         yield _statement("claim_plan_restore", known.settings, fetch=False)
     return (yield from finish(cancelled, claimed))
+
+
+def _needed(reading: _Reading, planned: set[int]) -> int:
+    """How many of the rows read come up to the last planned one (the rows read
+    are in queue order). Not how many were read: a window larger than the
+    claim needed must not make the next one as large."""
+    last = 0
+    for number, row in enumerate(reading.rows, 1):
+        if row.id in planned:
+            last = number
+    return last
 
 
 def _again(reading: _Reading) -> _Reading:

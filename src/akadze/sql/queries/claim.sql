@@ -554,6 +554,10 @@ FROM (
     FROM met m
     LEFT JOIN akadze.limits l ON l.key = m.limit_key
     WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+    -- OFFSET 0 keeps this subquery whole: inlined, each busy count ran twice
+    -- (once for the WHERE below, once for its column), 1 ms of a 4 ms window of
+    -- 240 new groups (EXPLAIN ANALYZE).
+    OFFSET 0
 ) st
 WHERE st.limited OR st.busy > 0
 ORDER BY 2 DESC NULLS LAST, 3, 1
