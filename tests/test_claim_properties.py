@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from akadze import Akadze
 from akadze.claim import claim, claim_oracle
-from akadze.steps import Hints
+from akadze.hints import Hints, memory
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(seconds=60)
@@ -182,7 +182,7 @@ def run(conn: Conn, case: Case, claim_fn: Callable[..., Any]) -> tuple[Any, ...]
 def check(conn: Conn, case: Case, scan_mode: Callable[[str], None]) -> None:
     expected = run(conn, case, claim_oracle)
     scan_mode(case.scan)
-    claim_module.memory.put(conn, "q", Hints(case.remembered, case.read, case.groups))
+    memory.put(conn, "q", Hints(case.remembered, case.read, case.groups))
     got = run(conn, case, claim)
     assert got[0] == expected[0], "claimed jobs differ"
     assert got[1] == expected[1], "effects differ"

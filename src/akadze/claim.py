@@ -32,9 +32,10 @@ from .jobs import ClaimedJob
 if TYPE_CHECKING:
     from .app import Akadze
 
+from .hints import memory
 from .ranking import oracle_steps
 from .steps import Batch, Request, Statement, Steps
-from .windows import memory, windowed_steps
+from .windows import windowed_steps
 
 __all__ = ["claim", "claim_oracle"]
 
@@ -257,7 +258,7 @@ def claim(
     """
     request = _request(queue, slots, fair, worker_id, tasks, now)
     # What this connection's last claim of the queue learnt about its shape
-    # (windows.memory): hints that spare finding it out again.
+    # (akadze.hints): hints that spare finding it out again.
     request = replace(
         request, hints=memory.get(conn, queue),
         on_done=functools.partial(memory.put, conn, queue))

@@ -18,6 +18,7 @@ from typing import Any
 from psycopg import sql
 
 from . import queries
+from .hints import Hints
 from .jobs import ClaimedJob
 
 # -- steps ----------------------------------------------------------------------------
@@ -61,24 +62,6 @@ Row = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
-class Hints:
-    """What a connection's last claim of a queue learnt about the queue's shape,
-    for its next claim of that queue (:class:`akadze.windows.Memory`). Hints
-    only: the next claim checks each one before it relies on it, so a stale
-    hint changes how much the claim reads, never what it returns.
-
-    ``blocked``: the keys it left without room. ``read``: when it read windows,
-    how many rows it read up to the last one it planned (the next claim's first
-    window holds that many, and half as many again).
-    ``groups``: every group with queued rows, when a skip scan listed them all.
-    """
-
-    blocked: tuple[str, ...] = ()
-    read: int = 0
-    groups: frozenset[str | None] | None = None
-
-
-@dataclass(frozen=True)
 class Request:
     """One claim's arguments, checked."""
 
@@ -93,7 +76,7 @@ class Request:
     # What the previous claim of this queue on this connection learnt (hints,
     # checked before they are relied on), and where the windowed claim reports
     # what it learnt for the next one.
-    hints: Hints = Hints()
+    hints: Hints = field(default_factory=Hints)
     on_done: Callable[[Hints], None] | None = field(default=None, compare=False)
 
     def params(self, now: datetime | None = None) -> dict[str, object]:

@@ -9,19 +9,17 @@ The rules, the stop rule and the lock protocol are explained in
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections import Counter
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from . import planner, queries
+from .hints import Hints
 from .jobs import ClaimedJob
 from .steps import (
     Batch,
-    Hints,
     Request,
     Row,
     Statement,
@@ -48,9 +46,8 @@ GROUP_SCAN_TRY = 16
 
 Position = tuple[int, datetime, int]
 
-# At most this many blocked keys are remembered per queue and connection ...
-MEMORY_MAX = 4096
-# ... and a window leaves them out only from this many on. Finding a few
+# A window leaves out remembered blocked keys (akadze.hints) only from this
+# many on. Finding a few
 # blocked keys costs a claim a window at most; leaving them out from the first
 # window on would also make it filter their backlogs where the skip scan
 # (GROUP_SCAN_TRY) reads around them for nothing. A read per group leaves out
@@ -59,50 +56,6 @@ MEMORY_FROM = 17
 # The first window holds what the last claim needed (Hints.read), up to this
 # many entries (the default first window is planner.first_window).
 READ_HINT_MAX = 2048
-
-
-class Memory:
-    """What each connection's last claim of a queue learnt about the queue
-    (:class:`~akadze.steps.Hints`).
-
-    A worker claims the same queue again and again, and the queue's shape
-    changes slowly: a key at its limit is usually still there at the next claim,
-    a fair queue that needed three windows needs them again, and a queue of a
-    few groups keeps them. Without this, every claim finds all that out anew,
-    a round trip at a time. The next claim checks each hint in its first round
-    trip before it relies on it (a remembered key's state is counted again, the
-    groups are listed again), so a hint never changes a claim's result, only how
-    much it reads. Connections are held weakly; a connection that cannot be is
-    not remembered.
-    """
-
-    def __init__(self) -> None:
-        self._hints: weakref.WeakKeyDictionary[object, dict[str, Hints]] = (
-            weakref.WeakKeyDictionary())
-        # Sync callers may claim from several threads, each on its connection.
-        self._lock = threading.Lock()
-
-    def get(self, conn: object, queue: str) -> Hints:
-        with self._lock:
-            try:
-                return self._hints.get(conn, {}).get(queue, _NO_HINTS)
-            except TypeError:
-                return _NO_HINTS
-
-    def put(self, conn: object, queue: str, hints: Hints) -> None:
-        with self._lock:
-            try:
-                by_queue = self._hints.setdefault(conn, {})
-            except TypeError:
-                return
-            if hints != _NO_HINTS:
-                by_queue[queue] = replace(hints, blocked=hints.blocked[:MEMORY_MAX])
-            else:
-                by_queue.pop(queue, None)
-
-
-_NO_HINTS = Hints()
-memory = Memory()
 
 
 def _statement(name: str, params: Mapping[str, object] | None = None,
@@ -385,7 +338,7 @@ def _remembered(request: Request, keys: Sequence[str]) -> Statement:
 
 def _start_with_state(request: Request, known: _Known) -> Steps0:
     """The first round trip of a claim that remembers many blocked keys
-    (:class:`Memory`): its opening and the remembered keys' state, counted
+    (:class:`akadze.hints.Memory`): its opening and the remembered keys' state, counted
     without locks like a window's; the planner then leaves out those still
     without room from the first window on, as if it had met them."""
     keys = request.hints.blocked

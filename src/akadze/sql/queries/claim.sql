@@ -399,7 +399,7 @@ WHERE %(null_group)s
 
 -- name: claim_remembered
 -- The limit state of the keys this connection's last claim of the queue left
--- without room (windows._Memory), counted without locks like a window's, in
+-- without room (akadze.hints), counted without locks like a window's, in
 -- the claim's first round trip. Counted as in claim_counts, but the keys still
 -- without room come back as one array (kind 'blocked') and only the others as
 -- rows (kind 'limit'): a claim remembering a thousand blocked keys receives and
