@@ -23,7 +23,7 @@ class Hints:
 
     ``blocked``: the keys it left without room. ``read``: when it read windows,
     how many rows it read up to the last one it planned (the next claim's first
-    window holds that many, and half as many again). ``groups``: every group
+    window holds that many, and a claim's worth more). ``groups``: every group
     with queued rows, when a skip scan listed them all.
     """
 

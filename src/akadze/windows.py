@@ -503,9 +503,12 @@ def windowed_steps(request: Request) -> Steps:
         first = False
     elif len(hints.blocked) >= MEMORY_FROM:
         yield from _start_with_state(request, known)
-    # The first window holds what the last claim needed, and half as much again
-    # (a hint: a window that needs more reads on as always).
-    first_size = min(hints.read + hints.read // 2, READ_HINT_MAX)
+    # The first window holds what the last claim needed, and a claim's worth
+    # more (a hint: a window that needs more reads on as always). Not a multiple:
+    # where every row read brings a new group, each row costs its group's state
+    # (~10 us), and 1.5x the need was 20 % slower than 1x on "200 of 400 groups
+    # busy".
+    first_size = min(hints.read + request.slots, READ_HINT_MAX)
     waited = False
     while len(claimed) < request.slots:
         slots = request.slots - len(claimed)
