@@ -177,31 +177,37 @@ def _read_window(
     exclude: frozenset[str | None], need: int | None, first: bool = False,
 ) -> Steps0:
     """One window. ``first``: the claim's first window, which travels with the
-    guarded skip scan of the queue's groups (claim_groups) and, unless the
-    claim's first round trip went before (:func:`_start_with_state`), with
-    its opening statements (:func:`_opening`)."""
+    guarded skip scan of the queue's groups (claim_groups) and with the
+    claim's opening statements (:func:`_opening`)."""
+    statement = _window(request, known, reading, window, exclude, need)
+    if not first:
+        rows = yield statement
+        _apply_window(known, reading, rows, window)
+        return
+    settings, swept, rows, groups = yield Batch((*_opening(request), statement,
+                                                 _groups(request, window)))
+    _opened(known, settings, swept)
+    _apply_window(known, reading, rows, window)
+    _learn_groups(known, reading, groups[0])
+
+
+def _window(request: Request, known: _Known, reading: _Reading, window: int,
+            exclude: frozenset[str | None], need: int | None) -> Statement:
     params = {
         **request.params(), **_after_params(reading.after), **known.params(exclude),
         "window": window, "need": need,
         "skip_keys": sorted(k for k in exclude if k is not None), "skip_null": None in exclude,
     }
-    statement = _statement("claim_window", params)
-    if not first:
-        rows = yield statement
-    elif known.settings is None:
-        settings, swept, rows, groups = yield Batch((*_opening(request), statement,
-                                                     _groups(request, window)))
-        _opened(known, settings, swept)
-    else:
-        rows, groups = yield Batch((statement, _groups(request, window)))
+    return _statement("claim_window", params)
+
+
+def _apply_window(known: _Known, reading: _Reading, rows: list[Row], window: int) -> None:
     entries = _entries(rows, known)
     # Read to the end only if the window was not cut short (planner.ReadMore.need)
     # and still came back short of its size.
     scanned = next((r[11] for r in rows if r[0] is not None), 0)
     reading.complete = len(entries) == scanned < window
     _advance(reading, entries)
-    if first:
-        _learn_groups(known, reading, groups[0])
 
 
 def _read_groups(
@@ -336,15 +342,34 @@ def _remembered(request: Request, keys: Sequence[str]) -> Statement:
     return _statement("claim_remembered", {"keys": list(keys), "now": request.now})
 
 
-def _start_with_state(request: Request, known: _Known) -> Steps0:
+def _start_with_state(request: Request, known: _Known, reading: _Reading,
+                      first_size: int) -> Steps0:
     """The first round trip of a claim that remembers many blocked keys
-    (:class:`akadze.hints.Memory`): its opening and the remembered keys' state, counted
-    without locks like a window's; the planner then leaves out those still
-    without room from the first window on, as if it had met them."""
+    (:class:`akadze.hints.Memory`): its opening, the remembered keys' state
+    (counted without locks like a window's) and, in the same round trip, the
+    first window as the planner would ask for it if every remembered key were
+    still without room: leaving them all out (with the guarded skip scan). The
+    window stands only if they all are; otherwise its rows are dropped (the
+    state they brought is kept) and the claim reads from the head, knowing the
+    keys' state."""
     keys = request.hints.blocked
-    settings, swept, rows = yield Batch((*_opening(request), _remembered(request, keys)))
+    assumed = planner.plan(planner.View(
+        slots=request.slots, fair=request.fair, rows=(), headroom=dict.fromkeys(keys, 0),
+        first=first_size))
+    assert isinstance(assumed, planner.ReadMore)
+    window = _window(request, known, reading, assumed.window, assumed.exclude, assumed.need)
+    settings, swept, counted, rows, groups = yield Batch((
+        *_opening(request), _remembered(request, keys), window,
+        _groups(request, assumed.window)))
     _opened(known, settings, swept)
-    _learn_counts(known, keys, (), rows)
+    _learn_counts(known, keys, (), counted)
+    if all(known.room.get(k) == 0 for k in keys):
+        reading.window, reading.excluded = assumed.window, assumed.exclude
+        _apply_window(known, reading, rows, assumed.window)
+    else:
+        _entries(rows, known)
+    # The skip scan's answer does not depend on the window's.
+    _learn_groups(known, reading, groups[0])
 
 
 def _reads_groups_first(request: Request) -> bool:
@@ -493,22 +518,23 @@ def windowed_steps(request: Request) -> Steps:
     skip: set[int] = set()
     # The first round trip opens with claim_start: the queue's turn (docs/
     # explanation/claim.md, "Claims of one queue take turns"), the claim's first
-    # lock, taken holding nothing; then claim_sweep. It carries the first read
-    # (a window, or with remembered groups a read per group), or, when many
-    # blocked keys are remembered, their state (the first window follows).
+    # lock, taken holding nothing; then claim_sweep. It carries the first read:
+    # a window, or with few remembered groups a read per group; with many
+    # remembered blocked keys, their state and a window that leaves them out.
     reading = _Reading(rows=[])
     first = True
-    if _reads_groups_first(request):
-        yield from _start_with_groups(request, known, reading)
-        first = False
-    elif len(hints.blocked) >= MEMORY_FROM:
-        yield from _start_with_state(request, known)
     # The first window holds what the last claim needed, and a claim's worth
     # more (a hint: a window that needs more reads on as always). Not a multiple:
     # where every row read brings a new group, each row costs its group's state
     # (~10 us), and 1.5x the need was 20 % slower than 1x on "200 of 400 groups
     # busy".
     first_size = min(hints.read + request.slots, READ_HINT_MAX)
+    if _reads_groups_first(request):
+        yield from _start_with_groups(request, known, reading)
+        first = False
+    elif len(hints.blocked) >= MEMORY_FROM:
+        yield from _start_with_state(request, known, reading, first_size)
+        first = False
     waited = False
     while len(claimed) < request.slots:
         slots = request.slots - len(claimed)
