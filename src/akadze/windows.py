@@ -185,7 +185,7 @@ def _read_window(
         _apply_window(known, reading, rows, window)
         return
     settings, swept, rows, groups = yield Batch((*_opening(request), statement,
-                                                 _groups(request, window)))
+                                                 _groups(request, guarded=True)))
     _opened(known, settings, swept)
     _apply_window(known, reading, rows, window)
     _learn_groups(known, reading, groups[0])
@@ -268,9 +268,11 @@ def _advance(reading: _Reading, entries: list[tuple[planner.Row, bool]]) -> None
     reading.rows.extend(e for e, ready in entries if ready)
 
 
-def _groups(request: Request, window: int) -> Statement:
-    """The bounded skip scan of the queue's groups (claim_groups); ``window`` > 0
-    guards it by the number of groups in the queue's first ``window`` entries."""
+def _groups(request: Request, guarded: bool) -> Statement:
+    """The bounded skip scan of the queue's groups (claim_groups). ``guarded``:
+    only if the queue's first entries (as many as the default first window,
+    however large the claim's first window is) show few groups."""
+    window = planner.first_window(request.slots) if guarded else 0
     params = {"queue": request.queue, "now": request.now, "bound": GROUP_SCAN_BOUND,
               "window": window, "try": GROUP_SCAN_TRY, "fair": request.fair}
     return _statement("claim_groups", params)
@@ -297,7 +299,7 @@ def _learn_groups(known: _Known, reading: _Reading, row: Row) -> None:
 def _scan_groups(request: Request, known: _Known, reading: _Reading) -> Steps0:
     """Try to list every group of the queue (bounded skip scan, unguarded: with
     window 0 it always runs, and _learn_groups records that it did)."""
-    rows = yield _groups(request, 0)
+    rows = yield _groups(request, guarded=False)
     _learn_groups(known, reading, rows[0])
 
 
@@ -360,7 +362,7 @@ def _start_with_state(request: Request, known: _Known, reading: _Reading,
     window = _window(request, known, reading, assumed.window, assumed.exclude, assumed.need)
     settings, swept, counted, rows, groups = yield Batch((
         *_opening(request), _remembered(request, keys), window,
-        _groups(request, assumed.window)))
+        _groups(request, guarded=True)))
     _opened(known, settings, swept)
     _learn_counts(known, keys, (), counted)
     if all(known.room.get(k) == 0 for k in keys):
@@ -406,7 +408,7 @@ def _start_with_groups(request: Request, known: _Known, reading: _Reading) -> St
     statements = [*_opening(request)]
     if blocked:
         statements.append(_remembered(request, blocked))
-    statements.append(_groups(request, 0))
+    statements.append(_groups(request, guarded=False))
     per_group = 0
     if groups:
         read, per_group = _group_rows(request, known, reading, window, groups)

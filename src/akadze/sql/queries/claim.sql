@@ -218,10 +218,10 @@ WITH candidates AS (
 -- group's rows directly (claim_group_rows) instead of filtering the queue.
 --
 -- Guarded, so that it can travel in the claim's first round trip: it scans only
--- when the first `window` entries of the queue (the claim's first window, read
--- again here: ~80 index tuples) hold at most `try` distinct groups; a queue that
--- shows many groups in its head rarely has few in total, and the probes would
--- be wasted. window = 0: no guard (the claim asks again later, having seen few
+-- when the first `window` entries of the queue (as many as a claim's default
+-- first window, read again here: ~80 index tuples) hold at most `try` distinct
+-- groups; a queue that shows many groups in its head rarely has few in total,
+-- and the probes would be wasted. window = 0: no guard (the claim asks again later, having seen few
 -- groups). `scanned` says whether it ran. With `fair`, a complete list also
 -- brings each group's busy count (running jobs of the group in this queue),
 -- which the fair planner needs for every group of the queue.
