@@ -1,0 +1,129 @@
+"""How many round trips a worker's repeated claims make: what the connection
+remembers (akadze.hints) must spare the reads it promises. The property tests
+prove that the hints never change a claim's result; these fail if a hint stops
+saving the round trip it is there for.
+
+A round trip here is a step of the windowed claim that waits for rows (a
+statement or a batch); COMMIT, sent by the driver, is not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from akadze import claim as claim_module
+from akadze import windows
+from akadze.claim import claim
+from akadze.hints import memory
+from akadze.steps import Batch, Request, Statement, Steps
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+@pytest.fixture
+def trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The round trips of each claim, one entry per claim."""
+    counts: list[int] = []
+
+    def counted(request: Request) -> Steps:
+        steps = windows.windowed_steps(request)
+        counts.append(0)
+        reply: Any = None
+        while True:
+            try:
+                step = steps.send(reply)
+            except StopIteration as done:
+                result: Any = done.value
+                return result
+            if isinstance(step, Batch) or (isinstance(step, Statement) and step.fetch):
+                counts[-1] += 1
+            reply = yield step
+
+    monkeypatch.setattr(claim_module, "windowed_steps", counted)
+    yield counts
+
+
+def fill(conn: Conn, rows: list[tuple[str | None, int]]) -> None:
+    """Queued jobs of queue q: (limit_key, seconds before NOW), in one statement."""
+    conn.execute(
+        "INSERT INTO akadze.jobs (queue, task, limit_key, run_at) "
+        "SELECT 'q', 't', k, %s - make_interval(secs => a) "
+        "FROM unnest(%s::text[], %s::int[]) AS r(k, a)",
+        (NOW, [k for k, _ in rows], [a for _, a in rows]))
+
+
+def block(conn: Conn, *keys: str) -> None:
+    """Each key: max_running = 1 and one job running in another queue."""
+    for key in keys:
+        conn.execute("INSERT INTO akadze.limits (key, max_running) VALUES (%s, 1)", (key,))
+        conn.execute("INSERT INTO akadze.jobs (queue, task, limit_key, state) "
+                     "VALUES ('elsewhere', 't', %s, 'running')", (key,))
+
+
+def test_a_queue_held_by_a_key_at_its_limit_costs_one_round_trip(
+    conn: Conn, trips: list[int]
+) -> None:
+    block(conn, "hot")
+    fill(conn, [("hot", 1000 - i) for i in range(500)])
+    assert claim(conn, queue="q", slots=20, now=NOW) == []
+    assert claim(conn, queue="q", slots=20, now=NOW) == []
+    # the second claim: its opening, the key's state, the skip scan: nothing to read
+    assert trips[1] == 1
+    assert memory.get(conn, "q").groups == frozenset({"hot"})
+
+
+def test_a_key_at_its_limit_ahead_of_unkeyed_jobs_costs_a_read_and_a_take(
+    conn: Conn, trips: list[int]
+) -> None:
+    block(conn, "hot")
+    fill(conn, [("hot", 1000 - i) for i in range(300)] + [(None, 500 - i) for i in range(60)])
+    for fair in (False, True, False):
+        assert len(claim(conn, queue="q", slots=20, fair=fair, now=NOW)) == 20
+    assert trips[1:] == [2, 2]
+
+
+def test_a_fair_queue_that_needed_two_windows_needs_one_the_next_time(
+    conn: Conn, trips: list[int]
+) -> None:
+    # 5 jobs per key: the 20th turn-1 row is row 96, past the first window of 80
+    fill(conn, [(f"k{i // 5:03d}", 2000 - i) for i in range(1000)])
+    first = claim(conn, queue="q", slots=20, fair=True, now=NOW)
+    assert len({job.limit_key for job in first}) == 20
+    assert memory.get(conn, "q").read == 96
+    # the same queue again (as a worker meets a queue whose shape holds)
+    conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, attempt = 0, "
+                 "worker_id = NULL, started_at = NULL WHERE id = ANY(%s)",
+                 ([job.id for job in first],))
+    assert claim(conn, queue="q", slots=20, fair=True, now=NOW) == first
+    assert trips == [3, 2]
+
+
+def test_many_blocked_keys_are_counted_in_the_round_trip_of_the_first_window(
+    conn: Conn, trips: list[int]
+) -> None:
+    blocked = [f"b{i:02d}" for i in range(30)]
+    block(conn, *blocked)
+    fill(conn, [(blocked[i % 30], 3000 - i) for i in range(600)]
+         + [(None, 1000 - i) for i in range(100)])
+    for _ in range(3):
+        assert len(claim(conn, queue="q", slots=20, now=NOW)) == 20
+    assert set(memory.get(conn, "q").blocked) == set(blocked)
+    assert trips[1:] == [2, 2]
+
+
+def test_a_stale_hint_costs_reads_not_the_result(conn: Conn, trips: list[int]) -> None:
+    block(conn, "hot")
+    fill(conn, [("hot", 1000 - i) for i in range(100)] + [(None, 500 - i) for i in range(10)])
+    assert len(claim(conn, queue="q", slots=5, now=NOW)) == 5
+    # the key gets room again, and a new group appears ahead of the queue
+    conn.execute("DELETE FROM akadze.jobs WHERE queue = 'elsewhere'")
+    fill(conn, [("new", 2000)])
+    got = claim(conn, queue="q", slots=3, now=NOW + timedelta(seconds=1))
+    assert [job.limit_key for job in got] == ["new", "hot", None]
+    assert trips[1] > 2  # the speculative read was dropped and read again
