@@ -105,8 +105,8 @@ class View:
     group that has queued rows in the queue (a skip scan found them all); groups
     outside ``rows`` then get their own busy count instead of the floor 0.
     ``skip``: ids another claim held when we tried to take them (not ready).
-    ``first``: the size of the first window when larger than the default
-    (:func:`first_window`): a hint, what the last claim of the queue read.
+    ``first``: the size of the first window, a hint (about what the last claim
+    of the queue needed); 0: the default, :func:`first_window`.
     """
 
     slots: int
@@ -166,7 +166,7 @@ def first_window(slots: int) -> int:
 
 def _next_window(view: View) -> int:
     if view.window <= 0:
-        return max(first_window(view.slots), min(MAX_WINDOW, view.first))
+        return min(MAX_WINDOW, view.first) if view.first > 0 else first_window(view.slots)
     return min(MAX_WINDOW, view.window * 2)
 
 

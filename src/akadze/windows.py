@@ -526,11 +526,12 @@ def windowed_steps(request: Request) -> Steps:
     reading = _Reading(rows=[])
     first = True
     # The first window holds what the last claim needed, and a claim's worth
-    # more (a hint: a window that needs more reads on as always). Not a multiple:
-    # where every row read brings a new group, each row costs its group's state
-    # (~10 us), and 1.5x the need was 20 % slower than 1x on "200 of 400 groups
-    # busy".
-    first_size = min(hints.read + request.slots, READ_HINT_MAX)
+    # more (a hint: a window that needs more reads on as always), larger or
+    # smaller than the default. Not a multiple: where every row read brings a
+    # new group, each row costs its group's state (~10 us), and 1.5x the need
+    # was 20 % slower than 1x on "200 of 400 groups busy"; a fair queue whose
+    # claims need 20 rows read 40 instead of 80, 15 % faster ("5% urgent").
+    first_size = min(hints.read + request.slots, READ_HINT_MAX) if hints.read else 0
     if _reads_groups_first(request):
         yield from _start_with_groups(request, known, reading)
         first = False
