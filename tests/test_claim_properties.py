@@ -48,6 +48,7 @@ class Case:
     remembered: tuple[str, ...] = ()
     groups: frozenset[str | None] | None = None
     read: int = 0
+    many_groups: bool = False
 
 
 JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "limit_key",
@@ -121,6 +122,7 @@ def cases(draw: st.DrawFn) -> Case:
                 st.sets(st.sampled_from(KEYS), max_size=1)),
             st.frozensets(st.sampled_from([*KEYS, "gone"]), max_size=5))),
         read=draw(st.sampled_from([0, 0, 7, 100, 5000])),
+        many_groups=draw(st.booleans()),
     )
 
 
@@ -182,7 +184,7 @@ def run(conn: Conn, case: Case, claim_fn: Callable[..., Any]) -> tuple[Any, ...]
 def check(conn: Conn, case: Case, scan_mode: Callable[[str], None]) -> None:
     expected = run(conn, case, claim_oracle)
     scan_mode(case.scan)
-    memory.put(conn, "q", Hints(case.remembered, case.read, case.groups))
+    memory.put(conn, "q", Hints(case.remembered, case.read, case.groups, case.many_groups))
     got = run(conn, case, claim)
     assert got[0] == expected[0], "claimed jobs differ"
     assert got[1] == expected[1], "effects differ"

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from akadze import claim as claim_module
-from akadze import windows
+from akadze import queries, windows
 from akadze.claim import claim
 from akadze.hints import memory
 from akadze.steps import Batch, Request, Statement, Steps
@@ -26,14 +26,21 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 Conn = psycopg.Connection[tuple[Any, ...]]
 
 
+SENT: list[list[str]] = []  # the statements of each claim, by name
+
+
 @pytest.fixture
 def trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """The round trips of each claim, one entry per claim."""
+    """The round trips of each claim, one entry per claim (and in SENT, the
+    names of the statements each claim sent)."""
     counts: list[int] = []
+    SENT.clear()
+    named = {id(queries.get(name)): name for name in queries.names()}
 
     def counted(request: Request) -> Steps:
         steps = windows.windowed_steps(request)
         counts.append(0)
+        SENT.append([])
         reply: Any = None
         while True:
             try:
@@ -43,6 +50,9 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
                 return result
             if isinstance(step, Batch) or (isinstance(step, Statement) and step.fetch):
                 counts[-1] += 1
+            if isinstance(step, (Batch, Statement)):
+                sent = step.statements if isinstance(step, Batch) else (step,)
+                SENT[-1].extend(named[id(st.query)] for st in sent)
             reply = yield step
 
     monkeypatch.setattr(claim_module, "windowed_steps", counted)
@@ -102,6 +112,9 @@ def test_a_fair_queue_that_needed_two_windows_needs_one_the_next_time(
                  ([job.id for job in first],))
     assert claim(conn, queue="q", slots=20, fair=True, now=NOW) == first
     assert trips == [3, 2]
+    # The first claim's guard let the skip scan run (its first window shows 16
+    # groups), which stopped at its bound: the second claim does not try again.
+    assert "claim_groups" in SENT[0] and "claim_groups" not in SENT[1]
 
 
 def test_many_blocked_keys_are_counted_in_the_round_trip_of_the_first_window(

@@ -24,12 +24,15 @@ class Hints:
     ``blocked``: the keys it left without room. ``read``: when it read windows,
     how many rows it read up to the last one it planned (the next claim's first
     window holds that many, and a claim's worth more). ``groups``: every group
-    with queued rows, when a skip scan listed them all.
+    with queued rows, when a skip scan listed them all. ``many_groups``: the rows
+    it read showed more groups than a skip scan is tried for (the next claim
+    does not try it).
     """
 
     blocked: tuple[str, ...] = ()
     read: int = 0
     groups: frozenset[str | None] | None = None
+    many_groups: bool = False
 
 
 _NO_HINTS = Hints()

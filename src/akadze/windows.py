@@ -94,6 +94,9 @@ class _Reading:
     group_reads: int = 0
     # Windows only: the rows read up to the last one planned (Hints.read).
     needed: int = 0
+    # What a skip scan or its guard said of the number of groups: True, many;
+    # False, few enough to list; None, it did not run (Hints.many_groups).
+    crowded: bool | None = None
 
 
 @dataclass
@@ -177,18 +180,19 @@ def _read_window(
     exclude: frozenset[str | None], need: int | None, first: bool = False,
 ) -> Steps0:
     """One window. ``first``: the claim's first window, which travels with the
-    guarded skip scan of the queue's groups (claim_groups) and with the
-    claim's opening statements (:func:`_opening`)."""
+    claim's opening statements (:func:`_opening`) and the guarded skip scan of
+    the queue's groups (claim_groups), unless the last claim saw many groups."""
     statement = _window(request, known, reading, window, exclude, need)
     if not first:
         rows = yield statement
         _apply_window(known, reading, rows, window)
         return
-    settings, swept, rows, groups = yield Batch((*_opening(request), statement,
-                                                 _groups(request, guarded=True)))
+    settings, swept, rows, *groups = yield Batch((*_opening(request), statement,
+                                                  *_guarded_groups(request)))
     _opened(known, settings, swept)
     _apply_window(known, reading, rows, window)
-    _learn_groups(known, reading, groups[0])
+    for row in groups:
+        _learn_groups(known, reading, row[0])
 
 
 def _window(request: Request, known: _Known, reading: _Reading, window: int,
@@ -278,12 +282,25 @@ def _groups(request: Request, guarded: bool) -> Statement:
     return _statement("claim_groups", params)
 
 
+def _guarded_groups(request: Request) -> tuple[Statement, ...]:
+    """The guarded skip scan for a claim's first round trip; none when the
+    last claim of the queue read rows of many groups (Hints.many_groups): the
+    guard would only say so again, and on a queue of thousands of small keys
+    whose head shows few (N/5 keys x 5) the scan would run its 64 probes for
+    nothing at every claim."""
+    if request.hints.many_groups:
+        return ()
+    return (_groups(request, guarded=True),)
+
+
 def _learn_groups(known: _Known, reading: _Reading, row: Row) -> None:
     scanned, keys, has_null, busy, null_busy = row
     if not scanned:
+        reading.crowded = True  # the guard saw many groups in the head
         return
     reading.scanned_groups = True
-    if len(keys) >= GROUP_SCAN_BOUND:
+    reading.crowded = len(keys) >= GROUP_SCAN_BOUND
+    if reading.crowded:
         return
     groups: set[str | None] = set(keys)
     if has_null:
@@ -360,9 +377,8 @@ def _start_with_state(request: Request, known: _Known, reading: _Reading,
         first=first_size))
     assert isinstance(assumed, planner.ReadMore)
     window = _window(request, known, reading, assumed.window, assumed.exclude, assumed.need)
-    settings, swept, counted, rows, groups = yield Batch((
-        *_opening(request), _remembered(request, keys), window,
-        _groups(request, guarded=True)))
+    settings, swept, counted, rows, *groups = yield Batch((
+        *_opening(request), _remembered(request, keys), window, *_guarded_groups(request)))
     _opened(known, settings, swept)
     _learn_counts(known, keys, (), counted)
     if all(known.room.get(k) == 0 for k in keys):
@@ -371,7 +387,8 @@ def _start_with_state(request: Request, known: _Known, reading: _Reading,
     else:
         _entries(rows, known)
     # The skip scan's answer does not depend on the window's.
-    _learn_groups(known, reading, groups[0])
+    for row in groups:
+        _learn_groups(known, reading, row[0])
 
 
 def _reads_groups_first(request: Request) -> bool:
@@ -575,6 +592,7 @@ def windowed_steps(request: Request) -> Steps:
                 yield from _load_state(request, known, decision)
                 continue
             if (reading.universe is None and not reading.scanned_groups and reading.window
+                    and not hints.many_groups
                     and len({r.key for r in reading.rows}) <= GROUP_SCAN_TRY):
                 yield from _scan_groups(request, known, reading)
                 if reading.universe is not None:
@@ -620,7 +638,8 @@ def windowed_steps(request: Request) -> Steps:
         request.on_done(Hints(
             blocked=tuple(key for key, room in known.room.items() if room == 0),
             read=reading.needed if reading.universe is None else 0,
-            groups=reading.universe))
+            groups=reading.universe,
+            many_groups=_many_groups(request, reading)))
     if known.settings is not None and request.hooks:
         # The hooks run with the caller's settings (no round trip: this travels
         # with the hooks' first statement). Without hooks nothing more runs in
@@ -641,6 +660,19 @@ def _needed(reading: _Reading, planned: set[int]) -> int:
 
 
 def _again(reading: _Reading) -> _Reading:
-    """A new reading from the head (a re-plan); the groups a skip scan listed
-    stay listed."""
-    return _Reading(rows=[], universe=reading.universe, scanned_groups=reading.scanned_groups)
+    """A new reading from the head (a re-plan); what a skip scan found about
+    the groups stays."""
+    return _Reading(rows=[], universe=reading.universe, scanned_groups=reading.scanned_groups,
+                    crowded=reading.crowded)
+
+
+def _many_groups(request: Request, reading: _Reading) -> bool:
+    """Hints.many_groups for the next claim: what the skip scan or its guard
+    said, if it ran; else (the hint spared it) whether the head of the queue
+    read still shows as many groups as the guard tolerates. So the hint lasts
+    while the head looks crowded and goes when it stops (the next claim tries
+    the guard again), but never lives on only because a claim read far."""
+    if reading.crowded is not None:
+        return reading.crowded
+    head = reading.rows[:planner.first_window(request.slots)]
+    return request.hints.many_groups and len({r.key for r in head}) >= GROUP_SCAN_TRY
