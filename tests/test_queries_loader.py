@@ -33,5 +33,6 @@ def test_a_fragment_is_spliced_into_each_query_that_includes_it() -> None:
 def test_the_claim_statements_stay_under_psycopgs_conversion_cache_limit() -> None:
     # psycopg caches its conversion of a query's placeholders only up to 4 KiB;
     # longer texts are parsed again at every execution.
-    for name in ("claim_window", "claim_group_rows", "claim_take", "claim_sweep", "claim_groups"):
+    for name in ("claim_window", "claim_window_whole", "claim_group_rows", "claim_take",
+                 "claim_sweep", "claim_groups"):
         assert len(queries.text(name).encode()) <= 4096, name
