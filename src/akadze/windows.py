@@ -18,17 +18,7 @@ from typing import Any
 from . import planner, queries
 from .hints import Hints
 from .jobs import ClaimedJob
-from .steps import (
-    Batch,
-    Request,
-    Row,
-    Statement,
-    Step,
-    Steps,
-    Steps0,
-    finish,
-    job_from_row,
-)
+from .steps import Batch, Request, Row, Statement, Step, Steps, Steps0, finish, job_from_row
 
 # -- the windowed claim -----------------------------------------------------------------
 
@@ -47,11 +37,10 @@ GROUP_SCAN_TRY = 16
 Position = tuple[int, datetime, int]
 
 # A window leaves out remembered blocked keys (akadze.hints) only from this
-# many on. Finding a few
-# blocked keys costs a claim a window at most; leaving them out from the first
-# window on would also make it filter their backlogs where the skip scan
-# (GROUP_SCAN_TRY) reads around them for nothing. A read per group leaves out
-# any number of them for free.
+# many on. Finding a few blocked keys costs a claim a window at most; leaving
+# them out from the first window on would also make it filter their backlogs
+# where the skip scan (GROUP_SCAN_TRY) reads around them for nothing. A read per
+# group leaves out any number of them for free.
 MEMORY_FROM = 17
 # The first window holds what the last claim needed (Hints.read), up to this
 # many entries (the default first window is planner.first_window).
