@@ -2,23 +2,37 @@
 change the result.
 
 Decisions are made by the pure :mod:`akadze.planner`; this module turns them into
-steps (:mod:`akadze.steps`) and the statements of ``sql/queries/claim.sql``.
-The rules, the stop rule and the lock protocol are explained in
-``docs/explanation/claim.md``.
+steps (:mod:`akadze.steps`) and the statements of ``sql/queries/claim.sql``. What
+the claim knows of keys and groups, and the lock protocol, are in
+:mod:`akadze.keystate`; what a connection remembers between claims in
+:mod:`akadze.hints`. The rules, the stop rule and the lock protocol are explained
+in ``docs/explanation/claim.md``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import planner, queries
+from . import planner
 from .hints import Hints
 from .jobs import ClaimedJob
-from .steps import Batch, Request, Row, Statement, Step, Steps, Steps0, finish, job_from_row
+from .keystate import KeyState, counts, learn_counts, lock_taken, wait_first
+from .steps import (
+    Batch,
+    Request,
+    Row,
+    Statement,
+    Step,
+    Steps,
+    Steps0,
+    finish,
+    job_from_row,
+    prepared,
+)
 
 # -- the windowed claim -----------------------------------------------------------------
 
@@ -47,24 +61,15 @@ MEMORY_FROM = 17
 READ_HINT_MAX = 2048
 
 
-def _statement(name: str, params: Mapping[str, object] | None = None,
-               fetch: bool = True) -> Statement:
-    """A statement of the windowed claim, prepared from its first run: the claim
-    runs it with generic plans (claim_start), so preparing it at once
-    spares planning it at every claim until psycopg's prepare threshold; a
-    worker's second claim is already as fast as its hundredth."""
-    return Statement(queries.get(name), params, prepare=True, fetch=fetch)
-
-
 def _opening(request: Request) -> tuple[Statement, Statement]:
     """The claim's first two statements, at the head of its first round trip:
     claim_start (the queue's turn and the plan settings) and claim_sweep (due
     cancel-requested and expired rows become 'cancelled')."""
-    return (_statement("claim_start", {"queue": request.queue}),
-            _statement("claim_sweep", request.params()))
+    return (prepared("claim_start", {"queue": request.queue}),
+            prepared("claim_sweep", request.params()))
 
 
-def _opened(known: _Known, settings: list[Row], swept: list[Row]) -> None:
+def _opened(known: KeyState, settings: list[Row], swept: list[Row]) -> None:
     known.started(settings)
     known.cancelled.extend(job_from_row(r) for r in swept)
 
@@ -88,54 +93,6 @@ class _Reading:
     crowded: bool | None = None
 
 
-@dataclass
-class _Known:
-    """What the claim learnt about keys and groups.
-
-    ``room``: the headroom of limited keys. Read without a lock when a key is
-    first met (exact for a single claim); a key the claim takes from is locked
-    first and its headroom counted again under the lock (see :func:`_lock_taken`),
-    after which it is exact under concurrency too. ``held``: keys another claim
-    held when we tried to lock them (no room for this claim).
-    """
-
-    fair: bool
-    locked: set[str] = field(default_factory=set)
-    held: dict[str, None] = field(default_factory=dict)  # in the order met
-    unlimited: set[str] = field(default_factory=set)
-    room: dict[str, int] = field(default_factory=dict)
-    busy: dict[str | None, int] = field(default_factory=dict)
-    settings: dict[str, str] | None = None  # as they were before the claim changed them
-    cancelled: list[ClaimedJob] = field(default_factory=list)  # by claim_sweep
-
-    def started(self, rows: list[Row]) -> None:
-        """The settings claim_start replaced (restored before the hooks run)."""
-        self.settings = {"plan_cache_mode": rows[0][0], "jit": rows[0][1]}
-
-    def params(self, exclude: frozenset[str | None]) -> dict[str, object]:
-        """The keys whose state a reading statement need not return again (the
-        excluded ones it never meets: they are not sent)."""
-        fair, busy = self.fair, self.busy
-        known = [k for k in (*self.room, *self.unlimited)
-                 if (not fair or k in busy) and k not in exclude]
-        return {"known": known, "known_null": not fair or None in busy, "fair": fair}
-
-    def learn(self, key: str | None, limited: bool | None, max_running: int | None,
-              running: int | None, max_starts: int | None, starts: int | None,
-              busy: int | None) -> None:
-        if self.fair and key not in self.busy and busy is not None:
-            self.busy[key] = busy
-        if key is None or key in self.room or key in self.unlimited:
-            return
-        if not limited:
-            self.unlimited.add(key)
-        elif key in self.held:
-            self.room[key] = 0  # another claim has it: left for the next claim
-        else:
-            self.room[key] = planner.headroom(
-                planner.Limit(max_running, running or 0, max_starts, starts or 0))
-
-
 def _after_params(after: Position | None) -> dict[str, object]:
     if after is None:
         return {"after_priority": _HEAD_PRIORITY, "after_run_at": _EPOCH, "after_id": 0}
@@ -143,7 +100,7 @@ def _after_params(after: Position | None) -> dict[str, object]:
     return {"after_priority": -neg_priority, "after_run_at": run_at, "after_id": id_}
 
 
-def _entries(rows: list[Row], known: _Known) -> list[tuple[planner.Row, bool]]:
+def _entries(rows: list[Row], known: KeyState) -> list[tuple[planner.Row, bool]]:
     """The index entries of a reading statement; its key-state rows (id NULL,
     after the entries) go into ``known``."""
     entries: list[tuple[planner.Row, bool]] = []
@@ -165,7 +122,7 @@ def _entries(rows: list[Row], known: _Known) -> list[tuple[planner.Row, bool]]:
 
 
 def _read_window(
-    request: Request, known: _Known, reading: _Reading, window: int,
+    request: Request, known: KeyState, reading: _Reading, window: int,
     exclude: frozenset[str | None], need: int | None, first: bool = False,
 ) -> Steps0:
     """One window. ``first``: the claim's first window, which travels with the
@@ -184,7 +141,7 @@ def _read_window(
         _learn_groups(known, reading, row[0])
 
 
-def _window(request: Request, known: _Known, reading: _Reading, window: int,
+def _window(request: Request, known: KeyState, reading: _Reading, window: int,
             exclude: frozenset[str | None], need: int | None) -> Statement:
     params = {
         **request.params(), **_after_params(reading.after), **known.params(exclude),
@@ -192,10 +149,10 @@ def _window(request: Request, known: _Known, reading: _Reading, window: int,
         "skip_keys": sorted(k for k in exclude if k is not None), "skip_null": None in exclude,
     }
     # Without an early stop the window needs none of its machinery.
-    return _statement("claim_window" if need is not None else "claim_window_whole", params)
+    return prepared("claim_window" if need is not None else "claim_window_whole", params)
 
 
-def _apply_window(known: _Known, reading: _Reading, rows: list[Row], window: int) -> None:
+def _apply_window(known: KeyState, reading: _Reading, rows: list[Row], window: int) -> None:
     entries = _entries(rows, known)
     # Read to the end only if the window was not cut short (planner.ReadMore.need)
     # and still came back short of its size.
@@ -205,7 +162,7 @@ def _apply_window(known: _Known, reading: _Reading, rows: list[Row], window: int
 
 
 def _read_groups(
-    request: Request, known: _Known, reading: _Reading, window: int,
+    request: Request, known: KeyState, reading: _Reading, window: int,
     exclude: frozenset[str | None],
 ) -> Steps0:
     assert reading.universe is not None
@@ -219,7 +176,7 @@ def _read_groups(
     _apply_group_rows(known, reading, rows, per_group)
 
 
-def _group_rows(request: Request, known: _Known, reading: _Reading, window: int,
+def _group_rows(request: Request, known: KeyState, reading: _Reading, window: int,
                 groups: frozenset[str | None]) -> tuple[Statement, int]:
     """The read of the next rows of each of ``groups`` (claim_group_rows), and
     how many it asks of each."""
@@ -235,10 +192,10 @@ def _group_rows(request: Request, known: _Known, reading: _Reading, window: int,
         **request.params(), **_after_params(reading.after), **known.params(reading.excluded),
         "keys": keys, "null_group": None in groups, "per_group": per_group,
     }
-    return _statement("claim_group_rows", params), per_group
+    return prepared("claim_group_rows", params), per_group
 
 
-def _apply_group_rows(known: _Known, reading: _Reading, rows: list[Row], per_group: int) -> None:
+def _apply_group_rows(known: KeyState, reading: _Reading, rows: list[Row], per_group: int) -> None:
     entries = _entries(rows, known)
     # Each group returned at most per_group entries. Up to the earliest last
     # entry of a group that returned per_group of them, nothing was left unread
@@ -269,7 +226,7 @@ def _groups(request: Request, guarded: bool) -> Statement:
     window = planner.first_window(request.slots) if guarded else 0
     params = {"queue": request.queue, "now": request.now, "bound": GROUP_SCAN_BOUND,
               "window": window, "try": GROUP_SCAN_TRY, "fair": request.fair}
-    return _statement("claim_groups", params)
+    return prepared("claim_groups", params)
 
 
 def _guarded_groups(request: Request) -> tuple[Statement, ...]:
@@ -283,7 +240,7 @@ def _guarded_groups(request: Request) -> tuple[Statement, ...]:
     return (_groups(request, guarded=True),)
 
 
-def _learn_groups(known: _Known, reading: _Reading, row: Row) -> None:
+def _learn_groups(known: KeyState, reading: _Reading, row: Row) -> None:
     scanned, keys, has_null, busy, null_busy = row
     if not scanned:
         reading.crowded = True  # the guard saw many groups in the head
@@ -303,55 +260,29 @@ def _learn_groups(known: _Known, reading: _Reading, row: Row) -> None:
             known.busy.setdefault(None, null_busy)
 
 
-def _scan_groups(request: Request, known: _Known, reading: _Reading) -> Steps0:
+def _scan_groups(request: Request, known: KeyState, reading: _Reading) -> Steps0:
     """Try to list every group of the queue (bounded skip scan, unguarded: with
     window 0 it always runs, and _learn_groups records that it did)."""
     rows = yield _groups(request, guarded=False)
     _learn_groups(known, reading, rows[0])
 
 
-def _counts(request: Request, keys: Sequence[str], groups: Sequence[str | None]) -> Statement:
-    params = {"keys": list(keys), "groups": [g for g in groups if g is not None],
-              "null_group": None in groups, "queue": request.queue, "now": request.now}
-    return _statement("claim_counts", params)
-
-
-def _load_state(request: Request, known: _Known, need: planner.NeedState) -> Steps0:
+def _load_state(request: Request, known: KeyState, need: planner.NeedState) -> Steps0:
     """State the reading statements did not bring (groups found by the skip scan,
     keys met before a re-plan): counted without locks, like theirs."""
     keys = [k for k in need.keys if k not in known.room and k not in known.unlimited]
-    rows = yield _counts(request, keys, need.groups)
-    _learn_counts(known, keys, need.groups, rows)
-
-
-def _learn_counts(known: _Known, keys: Sequence[str], groups: Sequence[str | None],
-                  rows: list[Row]) -> None:
-    """The rows of claim_counts (kinds 'limit' and 'busy') or of claim_remembered
-    ('limit', and 'blocked': the keys still without room, in one array)."""
-    limited: set[str] = set()
-    for kind, key, max_running, running, max_starts, starts, *blocked in rows:
-        if kind == "limit":
-            limited.add(key)
-            known.learn(key, True, max_running, running, max_starts, starts, None)
-        elif kind == "blocked":
-            for full in blocked[0] or ():
-                limited.add(full)
-                known.room.setdefault(full, 0)
-        elif key not in known.busy:
-            known.busy[key] = running
-    known.unlimited.update(k for k in keys if k not in limited)
-    for group in groups:
-        known.busy.setdefault(group, 0)
+    rows = yield counts(request, keys, need.groups)
+    learn_counts(known, keys, need.groups, rows)
 
 
 def _remembered(request: Request, keys: Sequence[str]) -> Statement:
     # Limit state only: in fair order a remembered key that has room again gets
     # its busy count from the read that meets it (it is not in `known` until its
     # busy count is), like any key met.
-    return _statement("claim_remembered", {"keys": list(keys), "now": request.now})
+    return prepared("claim_remembered", {"keys": list(keys), "now": request.now})
 
 
-def _start_with_state(request: Request, known: _Known, reading: _Reading,
+def _start_with_state(request: Request, known: KeyState, reading: _Reading,
                       first_size: int) -> Steps0:
     """The first round trip of a claim that remembers many blocked keys
     (:class:`akadze.hints.Memory`): its opening, the remembered keys' state
@@ -370,7 +301,7 @@ def _start_with_state(request: Request, known: _Known, reading: _Reading,
     settings, swept, counted, rows, *groups = yield Batch((
         *_opening(request), _remembered(request, keys), window, *_guarded_groups(request)))
     _opened(known, settings, swept)
-    _learn_counts(known, keys, (), counted)
+    learn_counts(known, keys, (), counted)
     if all(known.room.get(k) == 0 for k in keys):
         reading.window, reading.excluded = assumed.window, assumed.exclude
         _apply_window(known, reading, rows, assumed.window)
@@ -394,7 +325,7 @@ def _reads_groups_first(request: Request) -> bool:
     return len(rest) * request.slots <= planner.first_window(request.slots)
 
 
-def _start_with_groups(request: Request, known: _Known, reading: _Reading) -> Steps0:
+def _start_with_groups(request: Request, known: KeyState, reading: _Reading) -> Steps0:
     """The first round trip of a claim that remembers the queue's groups (a
     skip scan listed them all last time): its opening, the remembered blocked
     keys' state, the skip scan again, and, in the same round trip, the first
@@ -423,7 +354,7 @@ def _start_with_groups(request: Request, known: _Known, reading: _Reading) -> St
     replies = iter((yield Batch(tuple(statements))))
     _opened(known, next(replies), next(replies))
     if blocked:
-        _learn_counts(known, blocked, (), next(replies))
+        learn_counts(known, blocked, (), next(replies))
     _learn_groups(known, reading, next(replies)[0])
     rows: list[Row] = next(replies, [])
     held = (reading.universe is not None and reading.universe <= hints.groups
@@ -440,80 +371,10 @@ def _start_with_groups(request: Request, known: _Known, reading: _Reading) -> St
     reading.group_reads = 0
 
 
-def _lock_taken(
-    request: Request, known: _Known, need: dict[str, int], claimed: bool
-) -> Generator[Step, Any, bool]:
-    """Lock the limits rows of the keys the claim is about to take from and count
-    them again in a new statement (its snapshot sees every commit made before the
-    locks were granted). ``need``: how many planned rows each key has. True when
-    every key still has room for them (for a single claim the counts are the
-    same as the plan's; under concurrency a key may have gained room since,
-    which the plan may leave unused, claim-semantics "Under concurrency"); else
-    ``known`` now holds the exact figures and the claim plans again. Never
-    waits: a key another claim holds gets no room here (see :func:`_wait_first`)."""
-    keys = list(need)
-    lock, counted = yield Batch((
-        _statement("claim_lock", {"keys": keys}), _counts(request, keys, ())))
-    got = {key: bool(locked) for key, locked in lock}
-    if not known.locked and not claimed and got and not any(got.values()):
-        # Every key is held by another claim and we hold no limits row and no
-        # job yet: this is the one lock of the claim that may wait, on the
-        # first such key in queue order (we hold nothing anyone could wait
-        # for: no cycle of waits).
-        first = next(k for k in keys if k in got)
-        waited, counted = yield Batch((
-            _statement("claim_lock_first", {"keys": [first]}),
-            _counts(request, keys, ())))
-        if waited:
-            got[first] = True
-    room = {key: planner.headroom(planner.Limit(max_running, running, max_starts, starts or 0))
-            for _, key, max_running, running, max_starts, starts in counted}
-    same = True
-    for key in keys:
-        if key not in got:  # its limits row went away meanwhile: unlimited now
-            del known.room[key]
-            known.unlimited.add(key)
-            same = False
-            continue
-        if got[key]:
-            known.locked.add(key)
-            now_room = room[key]
-        else:
-            known.held[key] = None
-            now_room = 0
-        if now_room < need[key]:
-            same = False
-        known.room[key] = now_room
-    return same
-
-
-def _wait_first(request: Request, known: _Known) -> Generator[Step, Any, None]:
-    """The one lock of a claim that may wait: the claim found nothing to take
-    because every limited key it wanted is held by other claims, and it holds no
-    limits row and no job yet. It waits for the first such key (in the order it
-    met them) and counts it in a new statement; waiting holding nothing, it
-    cannot close a cycle of waits. So a claim on a hot key makes progress
-    instead of coming back empty, and claims that could take other rows never
-    wait at all (they leave the held keys to the next claim)."""
-    first = next(iter(known.held))
-    waited, counted = yield Batch((
-        _statement("claim_lock_first", {"keys": [first]}),
-        _counts(request, [first], ())))
-    known.held.pop(first)
-    if not waited:  # its limits row went away meanwhile: unlimited now
-        known.room.pop(first, None)
-        known.unlimited.add(first)
-        return
-    known.locked.add(first)
-    for _, _, max_running, running, max_starts, starts in counted:
-        known.room[first] = planner.headroom(
-            planner.Limit(max_running, running, max_starts, starts or 0))
-
-
 def _take(request: Request, ids: Sequence[int]) -> Generator[Step, Any, list[ClaimedJob]]:
     """Take the planned rows (those still free); returned in the order of ``ids``."""
     params = {**request.params(), "ids": list(ids), "worker_id": request.worker_id}
-    rows = yield _statement("claim_take", params)
+    rows = yield prepared("claim_take", params)
     by_id = {job.id: job for job in map(job_from_row, rows)}
     return [by_id[i] for i in ids if i in by_id]
 
@@ -521,7 +382,7 @@ def _take(request: Request, ids: Sequence[int]) -> Generator[Step, Any, list[Cla
 def windowed_steps(request: Request) -> Steps:
     """The windowed claim (seed-claim): read the queue in windows until the
     planner proves that nothing unread can change the result."""
-    known = _Known(request.fair)
+    known = KeyState(request.fair)
     hints = request.hints
     claimed: list[ClaimedJob] = []
     skip: set[int] = set()
@@ -566,7 +427,7 @@ def windowed_steps(request: Request) -> Steps:
                     r.key for r in reading.rows
                     if r.id in want and r.key in known.room and r.key not in known.locked)
                 if need:
-                    if (yield from _lock_taken(request, known, need, bool(claimed))):
+                    if (yield from lock_taken(request, known, need, bool(claimed))):
                         break
                     # A headroom changed under the lock (another claim started
                     # or finished jobs of the key, or holds it): plan again.
@@ -574,7 +435,7 @@ def windowed_steps(request: Request) -> Steps:
                     break
                 else:
                     waited = True
-                    yield from _wait_first(request, known)
+                    yield from wait_first(request, known)
                 # From the head; the groups listed by a skip scan stay listed.
                 reading = _again(reading)
                 continue
@@ -634,7 +495,7 @@ def windowed_steps(request: Request) -> Steps:
         # The hooks run with the caller's settings (no round trip: this travels
         # with the hooks' first statement). Without hooks nothing more runs in
         # the transaction, and its settings end with it.
-        yield _statement("claim_plan_restore", known.settings, fetch=False)
+        yield prepared("claim_plan_restore", known.settings, fetch=False)
     return (yield from finish(cancelled, claimed))
 
 
