@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import planner
-from .jobs import ClaimedJob
 from .steps import Batch, Request, Row, Statement, Step, prepared
 
 __all__ = ["KeyState", "counts", "learn_counts", "lock_taken", "wait_first"]
@@ -39,7 +38,6 @@ class KeyState:
     room: dict[str, int] = field(default_factory=dict)
     busy: dict[str | None, int] = field(default_factory=dict)
     settings: dict[str, str] | None = None  # as they were before the claim changed them
-    cancelled: list[ClaimedJob] = field(default_factory=list)  # by claim_sweep
 
     def started(self, rows: list[Row]) -> None:
         """The settings claim_start replaced (restored before the hooks run)."""

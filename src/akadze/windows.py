@@ -69,9 +69,14 @@ def _opening(request: Request) -> tuple[Statement, Statement]:
             prepared("claim_sweep", request.params()))
 
 
-def _opened(known: KeyState, settings: list[Row], swept: list[Row]) -> None:
+# A step generator that returns the jobs its claim_sweep cancelled (the claim's
+# first round trip) or none.
+Opens = Generator[Step, Any, list[ClaimedJob]]
+
+
+def _opened(known: KeyState, settings: list[Row], swept: list[Row]) -> list[ClaimedJob]:
     known.started(settings)
-    known.cancelled.extend(job_from_row(r) for r in swept)
+    return [job_from_row(r) for r in swept]
 
 
 @dataclass
@@ -124,7 +129,7 @@ def _entries(rows: list[Row], known: KeyState) -> list[tuple[planner.Row, bool]]
 def _read_window(
     request: Request, known: KeyState, reading: _Reading, window: int,
     exclude: frozenset[str | None], need: int | None, first: bool = False,
-) -> Steps0:
+) -> Opens:
     """One window. ``first``: the claim's first window, which travels with the
     claim's opening statements (:func:`_opening`) and the guarded skip scan of
     the queue's groups (claim_groups), unless the last claim saw many groups."""
@@ -132,13 +137,14 @@ def _read_window(
     if not first:
         rows = yield statement
         _apply_window(known, reading, rows, window)
-        return
+        return []
     settings, swept, rows, *groups = yield Batch((*_opening(request), statement,
                                                   *_guarded_groups(request)))
-    _opened(known, settings, swept)
+    cancelled = _opened(known, settings, swept)
     _apply_window(known, reading, rows, window)
     for row in groups:
         _learn_groups(known, reading, row[0])
+    return cancelled
 
 
 def _window(request: Request, known: KeyState, reading: _Reading, window: int,
@@ -283,7 +289,7 @@ def _remembered(request: Request, keys: Sequence[str]) -> Statement:
 
 
 def _start_with_state(request: Request, known: KeyState, reading: _Reading,
-                      first_size: int) -> Steps0:
+                      first_size: int) -> Opens:
     """The first round trip of a claim that remembers many blocked keys
     (:class:`akadze.hints.Memory`): its opening, the remembered keys' state
     (counted without locks like a window's) and, in the same round trip, the
@@ -300,7 +306,7 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
     window = _window(request, known, reading, assumed.window, assumed.exclude, assumed.need)
     settings, swept, counted, rows, *groups = yield Batch((
         *_opening(request), _remembered(request, keys), window, *_guarded_groups(request)))
-    _opened(known, settings, swept)
+    cancelled = _opened(known, settings, swept)
     learn_counts(known, keys, (), counted)
     if all(known.room.get(k) == 0 for k in keys):
         reading.window, reading.excluded = assumed.window, assumed.exclude
@@ -310,6 +316,7 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
     # The skip scan's answer does not depend on the window's.
     for row in groups:
         _learn_groups(known, reading, row[0])
+    return cancelled
 
 
 def _reads_groups_first(request: Request) -> bool:
@@ -325,7 +332,7 @@ def _reads_groups_first(request: Request) -> bool:
     return len(rest) * request.slots <= planner.first_window(request.slots)
 
 
-def _start_with_groups(request: Request, known: KeyState, reading: _Reading) -> Steps0:
+def _start_with_groups(request: Request, known: KeyState, reading: _Reading) -> Opens:
     """The first round trip of a claim that remembers the queue's groups (a
     skip scan listed them all last time): its opening, the remembered blocked
     keys' state, the skip scan again, and, in the same round trip, the first
@@ -352,7 +359,7 @@ def _start_with_groups(request: Request, known: KeyState, reading: _Reading) -> 
         read, per_group = _group_rows(request, known, reading, window, groups)
         statements.append(read)
     replies = iter((yield Batch(tuple(statements))))
-    _opened(known, next(replies), next(replies))
+    cancelled = _opened(known, next(replies), next(replies))
     if blocked:
         learn_counts(known, blocked, (), next(replies))
     _learn_groups(known, reading, next(replies)[0])
@@ -365,10 +372,11 @@ def _start_with_groups(request: Request, known: KeyState, reading: _Reading) -> 
             _apply_group_rows(known, reading, rows, per_group)
         else:
             reading.complete = True  # every group of the queue is blocked
-        return
+        return cancelled
     _entries(rows, known)
     reading.excluded = frozenset()
     reading.group_reads = 0
+    return cancelled
 
 
 def _take(request: Request, ids: Sequence[int]) -> Generator[Step, Any, list[ClaimedJob]]:
@@ -392,6 +400,7 @@ def windowed_steps(request: Request) -> Steps:
     # a window, or with few remembered groups a read per group; with many
     # remembered blocked keys, their state and a window that leaves them out.
     reading = _Reading(rows=[])
+    cancelled: list[ClaimedJob] = []
     first = True
     # The first window holds what the last claim needed, and a claim's worth
     # more (a hint: a window that needs more reads on as always), larger or
@@ -401,10 +410,10 @@ def windowed_steps(request: Request) -> Steps:
     # claims need 20 rows read 40 instead of 80, 15 % faster ("5% urgent").
     first_size = min(hints.read + request.slots, READ_HINT_MAX) if hints.read else 0
     if _reads_groups_first(request):
-        yield from _start_with_groups(request, known, reading)
+        cancelled = yield from _start_with_groups(request, known, reading)
         first = False
     elif len(hints.blocked) >= MEMORY_FROM:
-        yield from _start_with_state(request, known, reading, first_size)
+        cancelled = yield from _start_with_state(request, known, reading, first_size)
         first = False
     waited = False
     while len(claimed) < request.slots:
@@ -455,8 +464,9 @@ def windowed_steps(request: Request) -> Steps:
                 yield from _read_groups(request, known, reading, decision.window,
                                         decision.exclude)
             else:
-                yield from _read_window(request, known, reading, decision.window,
-                                        decision.exclude, decision.need, first=first)
+                cancelled += yield from _read_window(
+                    request, known, reading, decision.window, decision.exclude,
+                    decision.need, first=first)
                 first = False
         # The first read took the queue's turn (claim_start) before anything else.
         assert known.settings is not None
@@ -481,7 +491,7 @@ def windowed_steps(request: Request) -> Steps:
         taken = {job.id for job in got}
         skip.update(i for i in planned if i not in taken)
         reading = _again(reading)
-    cancelled = sorted(known.cancelled, key=lambda job: job.id)
+    cancelled.sort(key=lambda job: job.id)
     if request.on_done is not None:
         # For the next claim: the keys without room now (this claim's starts
         # counted), how far its windows read to its last planned row, the
