@@ -431,7 +431,6 @@ def windowed_steps(request: Request) -> Steps:
             decision = planner.plan(view)
             if isinstance(decision, planner.Settled):
                 want = set(decision.take)
-                reading.needed = _needed(reading, want)
                 need = Counter(
                     r.key for r in reading.rows
                     if r.id in want and r.key in known.room and r.key not in known.locked)
@@ -471,6 +470,7 @@ def windowed_steps(request: Request) -> Steps:
         # The first read took the queue's turn (claim_start) before anything else.
         assert known.settings is not None
         planned = decision.take
+        reading.needed = _needed(reading, set(planned))
         if not planned:
             break
         got = yield from _take(request, planned)
