@@ -308,7 +308,7 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
         *_opening(request), _remembered(request, keys), window, *_guarded_groups(request)))
     cancelled = _opened(known, settings, swept)
     learn_counts(known, keys, (), counted)
-    if all(known.room.get(k) == 0 for k in keys):
+    if _still_blocked(known, keys):
         reading.window, reading.excluded = assumed.window, assumed.exclude
         _apply_window(known, reading, rows, assumed.window)
     else:
@@ -317,6 +317,12 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
     for row in groups:
         _learn_groups(known, reading, row[0])
     return cancelled
+
+
+def _still_blocked(known: KeyState, keys: Sequence[str]) -> bool:
+    """Whether every remembered blocked key was counted without room again
+    (a key without a limits row any more, or with room, is not)."""
+    return all(known.room.get(k) == 0 for k in keys)
 
 
 def _reads_groups_first(request: Request) -> bool:
@@ -365,7 +371,7 @@ def _start_with_groups(request: Request, known: KeyState, reading: _Reading) -> 
     _learn_groups(known, reading, next(replies)[0])
     rows: list[Row] = next(replies, [])
     held = (reading.universe is not None and reading.universe <= hints.groups
-            and all(known.room.get(k) == 0 for k in blocked))
+            and _still_blocked(known, blocked))
     if held:
         reading.window = window
         if groups:
