@@ -64,6 +64,7 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"meta": {"x": (1, 2)}}, "meta"),
     ({"meta": {"x": 1e300}}, "meta"),
     ({"meta": {"x": "\ud800"}}, "meta"),
+    ({"meta": {"\ud800": 1}}, "meta"),
     ({"queue": ""}, "queue"),
     ({"queue": 5}, "queue"),
     ({"queue": "a\x00"}, "queue"),

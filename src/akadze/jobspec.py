@@ -191,6 +191,11 @@ def _plain_json(value: Any, path: str, depth: int, where: str) -> Any:
                 )
             if "\x00" in key:
                 raise _refuse(where, f"{path} has a key containing a NUL character", "meta")
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _refuse(
+                    where, f"{path} has a key that is not valid Unicode", "meta") from None
             plain[key] = _plain_json(item, f"{path}.{key}", depth + 1, where)
         return plain
     if isinstance(value, list):
