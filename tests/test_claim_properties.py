@@ -49,6 +49,14 @@ class Case:
     groups: frozenset[str | None] | None = None
     read: int = 0
     many_groups: bool = False
+    # jobs.limited (migration 0005): "flagged": limits rows first, so the
+    # triggers flag the queued jobs of limited keys; "stale": limits rows after
+    # the jobs, every flag false; "mixed": flagged, then some flags cleared
+    # (each a legal state: a job queued before its key got a limit)
+    flags: str = "flagged"
+    unflag: frozenset[int] = frozenset()
+    # windows.SPLIT_MAX: how many limited keys a split window may probe
+    split_max: int = 32
 
 
 JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "limit_key",
@@ -123,6 +131,9 @@ def cases(draw: st.DrawFn) -> Case:
             st.frozensets(st.sampled_from([*KEYS, "gone"]), max_size=5))),
         read=draw(st.sampled_from([0, 0, 7, 100, 5000])),
         many_groups=draw(st.booleans()),
+        flags=draw(st.sampled_from(["flagged", "stale", "mixed"])),
+        unflag=draw(st.frozensets(st.integers(1, max(n, 1)), max_size=20)),
+        split_max=draw(st.sampled_from([32, 32, 1, 0, -1])),
     )
 
 
@@ -131,13 +142,20 @@ def load(conn: Conn, case: Case) -> None:
         conn.execute("DELETE FROM akadze.jobs; DELETE FROM akadze.limits; "
                      "DELETE FROM akadze.start_marks; DELETE FROM akadze.queue_pauses")
         with conn.cursor() as cur:
-            with cur.copy(f"COPY akadze.jobs ({', '.join(JOB_COLUMNS)}) FROM STDIN") as copy:
-                for job in case.jobs:
-                    copy.write_row(job)
-            if case.limits:
+            if case.limits and case.flags != "stale":
                 cur.executemany(
                     'INSERT INTO akadze.limits (key, max_running, max_starts, "window") '
                     "VALUES (%s, %s, %s, %s)", case.limits)
+            with cur.copy(f"COPY akadze.jobs ({', '.join(JOB_COLUMNS)}) FROM STDIN") as copy:
+                for job in case.jobs:
+                    copy.write_row(job)
+            if case.limits and case.flags == "stale":
+                cur.executemany(
+                    'INSERT INTO akadze.limits (key, max_running, max_starts, "window") '
+                    "VALUES (%s, %s, %s, %s)", case.limits)
+            if case.flags == "mixed":
+                cur.execute("UPDATE akadze.jobs SET limited = false WHERE id = ANY (%s)",
+                            [sorted(case.unflag)])
             if case.marks:
                 cur.executemany(
                     "INSERT INTO akadze.start_marks (key, started_at, job_id) VALUES (%s, %s, 0)",
@@ -156,8 +174,8 @@ def effects(conn: Conn) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
 
 
 @pytest.fixture
-def scan_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
-    def set_mode(mode: str) -> None:
+def scan_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    def set_mode(mode: str, split_max: int = claim_module.SPLIT_MAX) -> None:
         # Outside the default mode the remembered keys are used however few.
         if mode == "off":
             monkeypatch.setattr(claim_module, "GROUP_SCAN_TRY", -1)
@@ -168,6 +186,7 @@ def scan_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]
             monkeypatch.setattr(claim_module, "MEMORY_FROM", 1)
         else:
             monkeypatch.undo()
+        monkeypatch.setattr(claim_module, "SPLIT_MAX", split_max)
     yield set_mode
 
 
@@ -181,9 +200,9 @@ def run(conn: Conn, case: Case, claim_fn: Callable[..., Any]) -> tuple[Any, ...]
     return [job.id for job in got], effects(conn), sorted(calls), got
 
 
-def check(conn: Conn, case: Case, scan_mode: Callable[[str], None]) -> None:
+def check(conn: Conn, case: Case, scan_mode: Callable[..., None]) -> None:
     expected = run(conn, case, claim_oracle)
-    scan_mode(case.scan)
+    scan_mode(case.scan, case.split_max)
     memory.put(conn, "q", Hints(case.remembered, case.read, case.groups, case.many_groups))
     got = run(conn, case, claim)
     assert got[0] == expected[0], "claimed jobs differ"
@@ -202,7 +221,7 @@ SETTINGS = {
 @settings(max_examples=300, **SETTINGS)  # type: ignore[arg-type]
 @given(case=cases())
 def test_windowed_claim_equals_the_reference(
-    conn: Conn, scan_mode: Callable[[str], None], case: Case
+    conn: Conn, scan_mode: Callable[..., None], case: Case
 ) -> None:
     check(conn, case, scan_mode)
 
@@ -212,6 +231,6 @@ def test_windowed_claim_equals_the_reference(
 @settings(max_examples=4000, **SETTINGS)  # type: ignore[arg-type]
 @given(case=cases())
 def test_windowed_claim_equals_the_reference_many(
-    conn: Conn, scan_mode: Callable[[str], None], case: Case
+    conn: Conn, scan_mode: Callable[..., None], case: Case
 ) -> None:
     check(conn, case, scan_mode)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import planner
-from .steps import Batch, Request, Row, Statement, Step, prepared
+from .steps import Batch, Request, Row, Statement, Step, key_list, prepared
 
 __all__ = ["KeyState", "counts", "learn_counts", "lock_taken", "wait_first"]
 
@@ -68,7 +68,7 @@ class KeyState:
 
 
 def counts(request: Request, keys: Sequence[str], groups: Sequence[str | None]) -> Statement:
-    params = {"keys": list(keys), "groups": [g for g in groups if g is not None],
+    params = {"keys": key_list(keys), "groups": [g for g in groups if g is not None],
               "null_group": None in groups, "queue": request.queue, "now": request.now}
     return prepared("claim_counts", params)
 

@@ -228,8 +228,12 @@ async def clear_limit(session: Any, key: str) -> bool:
     """Remove the limit of ``key`` and its recorded starts. True when there was one."""
     key = check_key(key)
     async with writing(session) as conn:
+        cur = await conn.execute(queries.get("limit_isolation"))
+        _check_isolation(await cur.fetchone())
         cur = await conn.execute(queries.get("limit_delete"), {"key": key})
         existed = await cur.fetchone() is not None
+        if existed:
+            await conn.execute(queries.get("limit_unflag"), {"key": key})
         await conn.execute(queries.get("limit_delete_marks"), {"key": key})
     return existed
 
@@ -279,7 +283,10 @@ def clear_limit_sync(session: Any, key: str) -> bool:
     """The sync twin of :func:`clear_limit`."""
     key = check_key(key)
     with writing_sync(session) as conn:
+        _check_isolation(conn.execute(queries.get("limit_isolation")).fetchone())
         existed = conn.execute(queries.get("limit_delete"), {"key": key}).fetchone() is not None
+        if existed:
+            conn.execute(queries.get("limit_unflag"), {"key": key})
         conn.execute(queries.get("limit_delete_marks"), {"key": key})
     return existed
 
@@ -289,6 +296,16 @@ def list_limits_sync(source: Any, *, now: datetime | None = None) -> list[LimitS
     with reading_sync(source) as conn:
         rows = conn.execute(queries.get("limit_list"), {"now": now}).fetchall()
     return [_summary(row) for row in rows]
+
+
+def _check_isolation(row: tuple[Any, ...] | None) -> None:
+    """clear_limit must see the jobs queued by the transactions its delete waited for."""
+    level = row[0] if row else None
+    if level != "read committed":
+        raise LimitError(
+            f"clear_limit needs a READ COMMITTED transaction, not {level!r}: at a stricter "
+            "isolation level it cannot see the jobs of the key queued while it waited"
+        )
 
 
 def _check_inputs(max_running: object, max_starts: object, window: object) -> None:

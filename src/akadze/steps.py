@@ -10,12 +10,13 @@ once in this language.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from . import queries
 from .hints import Hints
@@ -106,6 +107,13 @@ def prepared(name: str, params: Mapping[str, object] | None = None,
     planning it at every claim until psycopg's prepare threshold; a worker's
     second claim is already as fast as its hundredth."""
     return Statement(queries.get(name), params, prepare=True, fetch=fetch)
+
+
+def key_list(keys: Iterable[str]) -> Jsonb:
+    """Keys for a statement that may receive a thousand of them (skip_keys,
+    claim_limit_counts' keys): a jsonb array, one json.dumps call, where a
+    text[] is dumped element by element in Python (claim.sql, claim_window)."""
+    return Jsonb(list(keys))
 
 
 # -- steps both claims share ------------------------------------------------------------

@@ -31,6 +31,7 @@ from .steps import (
     Steps0,
     finish,
     job_from_row,
+    key_list,
     prepared,
 )
 
@@ -56,6 +57,11 @@ Position = tuple[int, datetime, int]
 # where the skip scan (GROUP_SCAN_TRY) reads around them for nothing. A read per
 # group leaves out any number of them for free.
 MEMORY_FROM = 17
+# A window that leaves out keys reads the jobs of keys without a limit apart
+# from those of each limited key that is not left out (claim.sql,
+# claim_window_candidates: "split"), when there are at most this many such
+# limited keys; otherwise it filters the whole queue. -1: never split.
+SPLIT_MAX = 32
 # The first window holds what the last claim needed (Hints.read), up to this
 # many entries (the default first window is planner.first_window).
 READ_HINT_MAX = 2048
@@ -152,7 +158,8 @@ def _window(request: Request, known: KeyState, reading: _Reading, window: int,
     params = {
         **request.params(), **_after_params(reading.after), **known.params(exclude),
         "window": window, "need": need,
-        "skip_keys": sorted(k for k in exclude if k is not None), "skip_null": None in exclude,
+        "skip_keys": key_list(k for k in exclude if k is not None), "skip_null": None in exclude,
+        "split_max": SPLIT_MAX,
     }
     # Without an early stop the window needs none of its machinery.
     return prepared("claim_window" if need is not None else "claim_window_whole", params)
@@ -285,7 +292,7 @@ def _remembered(request: Request, keys: Sequence[str]) -> Statement:
     # Limit state only: in fair order a remembered key that has room again gets
     # its busy count from the read that meets it (it is not in `known` until its
     # busy count is), like any key met.
-    return prepared("claim_remembered", {"keys": list(keys), "now": request.now})
+    return prepared("claim_remembered", {"keys": key_list(keys), "now": request.now})
 
 
 def _start_with_state(request: Request, known: KeyState, reading: _Reading,

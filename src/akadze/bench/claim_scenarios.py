@@ -142,6 +142,11 @@ SCENARIO_NAMES = tuple(s.name for s in SCENARIOS)
 def build(conn: Conn, scenario: Scenario, jobs: int) -> None:
     """Empty the akadze tables and build ``scenario`` at ``jobs`` ready jobs."""
     conn.execute(queries.get("bench_reset"))
+    # Limits first, as an application sets them before it enqueues: the jobs of
+    # a limited key are then flagged as such (jobs.limited, migration 0005).
+    for lim in scenario.limited:
+        conn.execute(queries.get("bench_insert_limits"), {
+            "prefix": lim.prefix, "keys": lim.keys, "max_running": lim.max_running})
     start = 0
     segments = scenario.segments(jobs)
     for number, seg in enumerate(segments):
@@ -155,9 +160,6 @@ def build(conn: Conn, scenario: Scenario, jobs: int) -> None:
         conn.execute(queries.get("bench_insert_running"), {
             "queue": QUEUE, "prefix": run.prefix, "keys": run.keys, "per_key": run.per_key,
             "base": BASE})
-    for lim in scenario.limited:
-        conn.execute(queries.get("bench_insert_limits"), {
-            "prefix": lim.prefix, "keys": lim.keys, "max_running": lim.max_running})
     conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
 
 

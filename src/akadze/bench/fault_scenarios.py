@@ -175,8 +175,9 @@ def restart(ctx: Context) -> None:
 
 
 def timeouts(ctx: Context) -> None:
-    """Another session holds limits rows (FOR UPDATE) in bursts while the workers run
-    with tiny lock_timeout / statement_timeout settings: claims time out inside."""
+    """Another session holds limits rows (FOR NO KEY UPDATE, as a claim does) in bursts
+    while the workers run with tiny lock_timeout / statement_timeout settings: claims time
+    out inside."""
     keys = ["run2a", "run2b", "run3", "rate20", "rate15", "both"]
     ends = time.monotonic() + ctx.options.fault_seconds
     holds = 0

@@ -113,20 +113,23 @@ SELECT * FROM taken
 
 -- name: claim_window
 -- The next `window` index entries of the queue after P, leaving out the
--- excluded keys (skip_keys text[], and the null group when skip_null), cut
--- short after the need-th free entry when `need` is given (see "free" below).
+-- excluded keys (skip_keys, and the null group when skip_null), cut short
+-- after the need-th free entry when `need` is given (see "free" below).
 --
--- The candidates come from an index-only scan of jobs_ready_idx (queue,
--- priority DESC, run_at, id) INCLUDE (limit_key): skipping the rows of an
--- excluded key costs one index tuple each, with no heap fetch.
+-- The candidates come from index-only scans (claim_window_candidates): an
+-- excluded key costs one index tuple per entry, or nothing at all when the
+-- window is read split.
 --
--- The exclusion is "NOT IN (SELECT unnest($keys))": PostgreSQL evaluates it as a
--- hashed subplan, one hash probe per index tuple, with negligible planning and
--- the same plan when psycopg prepares the statement. The alternatives measured
--- worse: "<> ALL($array)" in a generic plan scans the array for every row (20x
--- slower); a literal array is hashed but costs ~5 ms to plan for 1 000 keys; an
--- anti-join against unnest() was planned as a nested loop. skip_keys never
--- holds a null (a null in NOT IN would reject every row).
+-- The exclusion is "NOT IN (SELECT jsonb_array_elements_text($keys))":
+-- PostgreSQL evaluates it as a hashed subplan, one hash probe per index tuple,
+-- with negligible planning and the same plan when psycopg prepares the
+-- statement. The alternatives measured worse: "<> ALL($array)" in a generic
+-- plan scans the array for every row (20x slower); a literal array is hashed
+-- but costs ~5 ms to plan for 1 000 keys; an anti-join against unnest() was
+-- planned as a nested loop. skip_keys is a jsonb array of strings, not a
+-- text[]: psycopg dumps a list of a thousand keys as text[] element by element
+-- in Python (~0.4 ms), and as jsonb with one json.dumps call (~0.03 ms).
+-- skip_keys never holds a null (a null in NOT IN would reject every row).
 --
 -- The conditions that need the heap (cancel requested, expiry, task) are
 -- evaluated afterwards on the entries returned, by a per-row subquery on the
@@ -350,21 +353,24 @@ FROM akadze.limits l
 WHERE l.key = ANY (%(keys)b::text[])
 ORDER BY array_position(%(keys)b::text[], l.key)
 LIMIT 1
-FOR UPDATE OF l
+FOR NO KEY UPDATE OF l
 
 -- name: claim_lock
 -- Lock the limits rows of newly met keys without waiting. Returns every listed
 -- key that has a limits row, and whether we now hold it; a key without a row is
 -- unlimited; a key with a row we could not lock is held by another claim and is
 -- left out of this one. (A row this claim already holds is locked again at no
--- cost.)
+-- cost.) FOR NO KEY UPDATE, here and in claim_lock_first: it excludes other
+-- claims and set_limit, but not the FOR KEY SHARE that an open transaction
+-- which queued a job of the key holds (migration 0005); FOR UPDATE would make
+-- such a key look held by another claim until that transaction ends.
 -- (IN (SELECT unnest(..)) rather than = ANY (..): see claim_limit_counts.)
 SELECT l.key, (mine.key IS NOT NULL) AS locked
 FROM akadze.limits l
 LEFT JOIN (
     SELECT x.key FROM akadze.limits x
     WHERE x.key IN (SELECT unnest(%(keys)b::text[]))
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ) mine ON mine.key = l.key
 WHERE l.key IN (SELECT unnest(%(keys)b::text[]))
 
@@ -569,34 +575,18 @@ SELECT l.key, l.max_running,
                     AND m.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
        END AS starts
 FROM akadze.limits l
--- IN (SELECT unnest(..)), not = ANY (..): a generic plan searches an array
--- parameter linearly for every row (quadratic for a claim that counts a
--- thousand remembered keys); the subquery is hashed once.
-WHERE l.key IN (SELECT unnest(%(keys)b::text[]))
+-- IN (SELECT ..), not = ANY (..): a generic plan searches an array parameter
+-- linearly for every row (quadratic for a claim that counts a thousand
+-- remembered keys); the subquery is hashed once. `keys` is a jsonb array (see
+-- claim_window on skip_keys).
+WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 
 -- fragment: claim_window_candidates
 -- The entries of claim_window and claim_window_whole: the next `window` index
--- entries of the queue after P, leaving out the excluded keys (see claim_window).
-    (SELECT c.id, c.priority, c.run_at, c.limit_key
-     FROM akadze.jobs c
-     WHERE c.queue = %(queue)s
-       AND c.state = 'queued'
-       AND c.priority = %(after_priority)s
-       AND (c.run_at, c.id) > (%(after_run_at)s, %(after_id)s)
-       AND c.run_at <= COALESCE(%(now)s::timestamptz, now())
-       AND (c.limit_key IS NOT NULL OR NOT %(skip_null)s)
-       AND (c.limit_key IS NULL OR c.limit_key NOT IN (SELECT unnest(%(skip_keys)b::text[])))
-     ORDER BY c.priority DESC, c.run_at, c.id
-     LIMIT %(window)s)
-    UNION ALL
-    (SELECT c.id, c.priority, c.run_at, c.limit_key
-     FROM akadze.jobs c
-     WHERE c.queue = %(queue)s
-       AND c.state = 'queued'
-       AND c.priority < %(after_priority)s
-       AND c.run_at <= COALESCE(%(now)s::timestamptz, now())
-       AND (c.limit_key IS NOT NULL OR NOT %(skip_null)s)
-       AND (c.limit_key IS NULL OR c.limit_key NOT IN (SELECT unnest(%(skip_keys)b::text[])))
-     ORDER BY c.priority DESC, c.run_at, c.id
-     LIMIT %(window)s)
-    LIMIT %(window)s
+-- entries of the queue after P, leaving out the excluded keys, read whole or
+-- split (akadze.ready_window, migration 0005, which PostgreSQL inlines here: the
+-- plan is the one of the function's body, with these parameters).
+    SELECT * FROM akadze.ready_window(
+        %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
+        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, now()), %(skip_keys)b::jsonb,
+        %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)

@@ -30,7 +30,7 @@ WHERE l.key IN (
       AND (%(tasks)s::text[] IS NULL OR j.task = ANY (%(tasks)s::text[]))
 )
 ORDER BY l.key
-FOR UPDATE OF l SKIP LOCKED
+FOR NO KEY UPDATE OF l SKIP LOCKED
 
 -- name: claim_oracle_rank
 -- Runs as a NEW statement after the locks were granted: in READ COMMITTED it

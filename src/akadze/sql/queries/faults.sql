@@ -191,8 +191,8 @@ WHERE datname = current_database() AND application_name LIKE 'akadze-worker%%'
 SELECT pg_terminate_backend(%(pid)s);
 
 -- name: fault_hold_limits
--- Hold the limits rows of these keys (the claim locks them FOR UPDATE).
-SELECT key FROM akadze.limits WHERE key = ANY (%(keys)s::text[]) FOR UPDATE;
+-- Hold the limits rows of these keys (the claim locks them FOR NO KEY UPDATE).
+SELECT key FROM akadze.limits WHERE key = ANY (%(keys)s::text[]) FOR NO KEY UPDATE;
 
 -- name: fault_worker_jobs
 -- The running jobs of one worker, and their fencing tokens.

@@ -1,9 +1,14 @@
 -- Limits administration: set, clear and list the cluster-wide limits of limit keys.
 --
--- The claim locks a key's limits row (FOR UPDATE) before counting its running
--- jobs and starts; these statements take the same row lock, so a change of a
--- limit is serialised with the claims that read it: a claim sees either the
--- old or the new row, never half of each.
+-- The claim locks a key's limits row (FOR NO KEY UPDATE) before counting its
+-- running jobs and starts; these statements take the same row lock (or a
+-- stronger one), so a change of a limit is serialised with the claims that read
+-- it: a claim sees either the old or the new row, never half of each.
+--
+-- jobs.limited (migration 0005) follows the limits rows: set_limit flags the
+-- queued jobs of a new key, clear_limit unflags them. Those updates read the
+-- queued jobs of every queue (jobs_ready_key_idx leads with the queue), so
+-- they cost a scan of the queued jobs: fine for an administrative call.
 
 -- name: limit_lock
 -- The current row of one key, locked until the end of the transaction so that
@@ -13,26 +18,57 @@
 SELECT max_running, max_starts, "window"
 FROM akadze.limits
 WHERE key = %(key)s
-FOR UPDATE
+-- NO KEY UPDATE, like a claim: FOR UPDATE would also wait for every open
+-- transaction that queued a job of this key (they hold FOR KEY SHARE).
+FOR NO KEY UPDATE
 
 -- name: limit_upsert
 -- Insert or update one key. The set_* flags say which fields the caller gave:
 -- an omitted field keeps the stored value, even when a concurrent insert of the
 -- same key won the race between limit_lock and this statement. The table's
 -- CHECK constraints are the last word on the merged row.
-INSERT INTO akadze.limits AS l (key, max_running, max_starts, "window", updated_at)
-VALUES (%(key)s, %(max_running)s, %(max_starts)s, %(window)s, now())
-ON CONFLICT (key) DO UPDATE SET
-    max_running = CASE WHEN %(set_max_running)s THEN EXCLUDED.max_running ELSE l.max_running END,
-    max_starts = CASE WHEN %(set_max_starts)s THEN EXCLUDED.max_starts ELSE l.max_starts END,
-    "window" = CASE WHEN %(set_window)s THEN EXCLUDED."window" ELSE l."window" END,
-    updated_at = now()
-RETURNING key, max_running, max_starts, "window"
+--
+-- A key that gets its first row has its queued jobs flagged `limited`, so that
+-- they leave jobs_ready_free_idx (xmax = 0: the row was inserted, not updated).
+-- A job queued concurrently and not seen here keeps limited = false, which the
+-- claim handles (migration 0005).
+WITH stored AS (
+    INSERT INTO akadze.limits AS l (key, max_running, max_starts, "window", updated_at)
+    VALUES (%(key)s, %(max_running)s, %(max_starts)s, %(window)s, now())
+    ON CONFLICT (key) DO UPDATE SET
+        max_running = CASE WHEN %(set_max_running)s THEN EXCLUDED.max_running ELSE l.max_running END,
+        max_starts = CASE WHEN %(set_max_starts)s THEN EXCLUDED.max_starts ELSE l.max_starts END,
+        "window" = CASE WHEN %(set_window)s THEN EXCLUDED."window" ELSE l."window" END,
+        updated_at = now()
+    RETURNING key, max_running, max_starts, "window", (xmax = 0) AS inserted
+), flagged AS (
+    UPDATE akadze.jobs j
+    SET limited = true
+    WHERE j.state = 'queued' AND j.limit_key = %(key)s AND NOT j.limited
+      AND (SELECT inserted FROM stored)
+)
+SELECT key, max_running, max_starts, "window" FROM stored
+
+-- name: limit_isolation
+-- clear_limit needs READ COMMITTED (see limit_unflag).
+SELECT current_setting('transaction_isolation')
 
 -- name: limit_delete
+-- Takes FOR UPDATE on the row, so it waits for every open transaction that
+-- queued a job of the key (they hold FOR KEY SHARE, migration 0005).
 DELETE FROM akadze.limits
 WHERE key = %(key)s
 RETURNING key
+
+-- name: limit_unflag
+-- After limit_delete, as a new statement: in READ COMMITTED its snapshot sees
+-- the jobs of the transactions limit_delete waited for, so that no queued job
+-- keeps limited = true without a limits row (the claim would never reach it:
+-- migration 0005). A job queued after the delete finds no row and is not
+-- flagged.
+UPDATE akadze.jobs j
+SET limited = false
+WHERE j.state = 'queued' AND j.limit_key = %(key)s AND j.limited
 
 -- name: limit_delete_marks
 -- The start marks of a cleared key go with it: a limit set again later starts

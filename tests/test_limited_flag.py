@@ -1,0 +1,201 @@
+"""jobs.limited (migration 0005): a queued job with limited = true always has a
+limits row, whatever path queued it and whatever set_limit / clear_limit ran
+meanwhile; the claim reads the two parts of the queue from it."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from akadze import Akadze, Job, LimitError, queries
+from akadze.claim import claim, claim_oracle
+from akadze.control import requeue_sync
+from akadze.limits import clear_limit_sync, set_limit_sync
+from akadze.steps import key_list
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+@pytest.fixture
+def work(app: Akadze) -> Any:
+    @app.task("work")
+    def work() -> None:
+        pass
+
+    return work
+
+
+def _flags(conn: Conn) -> dict[int, bool]:
+    rows = conn.execute("SELECT id, limited FROM akadze.jobs ORDER BY id").fetchall()
+    return {int(r[0]): bool(r[1]) for r in rows}
+
+
+def _orphans(conn: Conn) -> int:
+    """Queued jobs flagged limited without a limits row: the claim never reaches them."""
+    row = conn.execute(
+        "SELECT count(*) FROM akadze.jobs j WHERE j.state = 'queued' AND j.limited"
+        " AND NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = j.limit_key)").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_every_enqueue_path_flags_the_jobs_of_limited_keys(conn: Conn, work: Any) -> None:
+    set_limit_sync(conn, "acme", max_running=1)
+    one = work.using(limit_key="acme").enqueue_sync()
+    free = work.using(limit_key="other").enqueue_sync()
+    bare = work.using().enqueue_sync()
+    many = work.using().enqueue_many_sync(
+        [Job(limit_key="acme"), Job(limit_key="other"), Job()])
+    flags = _flags(conn)
+    assert [flags[i] for i in (one, free, bare, *many)] == [True, False, False, True, False, False]
+
+
+def test_set_limit_flags_queued_jobs_and_clear_limit_unflags_them(conn: Conn, work: Any) -> None:
+    queued = work.using(limit_key="acme").enqueue_sync()
+    other = work.using(limit_key="beta").enqueue_sync()
+    assert _flags(conn) == {queued: False, other: False}
+    set_limit_sync(conn, "acme", max_running=2)
+    assert _flags(conn) == {queued: True, other: False}
+    set_limit_sync(conn, "acme", max_running=3)  # a change of an existing limit
+    assert _flags(conn) == {queued: True, other: False}
+    assert clear_limit_sync(conn, "acme") is True
+    assert _flags(conn) == {queued: False, other: False}
+    assert _orphans(conn) == 0
+
+
+def test_a_job_queued_again_takes_its_flag_from_the_limits_of_now(
+        conn: Conn, work: Any, app: Akadze) -> None:
+    job = work.using(limit_key="acme").enqueue_sync()
+    conn.execute("UPDATE akadze.jobs SET state = 'failed', finished_at = now() WHERE id = %s",
+                 [job])
+    set_limit_sync(conn, "acme", max_running=1)
+    requeue_sync(conn, job, app=app)
+    assert _flags(conn)[job] is True
+    conn.execute("UPDATE akadze.jobs SET state = 'running' WHERE id = %s", [job])
+    clear_limit_sync(conn, "acme")
+    # still flagged while running (clear_limit only unflags queued jobs) ...
+    assert _flags(conn)[job] is True
+    conn.execute("UPDATE akadze.jobs SET state = 'queued' WHERE id = %s", [job])
+    # ... and unflagged once queued again, by the trigger
+    assert _flags(conn)[job] is False
+    assert _orphans(conn) == 0
+
+
+def test_clear_limit_waits_for_an_open_enqueue_and_unflags_its_job(
+        conn: Conn, work: Any, database_url: str) -> None:
+    set_limit_sync(conn, "acme", max_running=1)
+    with psycopg.connect(database_url) as app_conn:  # an application's open transaction
+        job = work.using(session=app_conn, limit_key="acme").enqueue_sync()
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def clear() -> None:
+            try:
+                with psycopg.connect(database_url, autocommit=True) as admin:
+                    clear_limit_sync(admin, "acme")
+            except BaseException as exc:  # reported below
+                failure.append(exc)
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=clear)
+        thread.start()
+        # clear_limit's DELETE waits on the FOR KEY SHARE lock of the enqueue:
+        # wait until the server shows it waiting on a lock.
+        with psycopg.connect(database_url, autocommit=True) as watch:
+            for _ in range(500):
+                row = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM akadze.limits%%'"
+                ).fetchone()
+                if row and row[0]:
+                    break
+                done.wait(0.02)
+            else:
+                pytest.fail("clear_limit never waited for the open enqueue")
+        assert not done.is_set()
+        app_conn.commit()
+    assert done.wait(10)
+    thread.join()
+    assert not failure
+    assert _flags(conn)[job] is False
+    assert _orphans(conn) == 0
+    assert [j.id for j in claim(conn, queue="default", slots=5)] == [job]
+
+
+def test_a_claim_is_not_held_up_by_an_open_enqueue_of_the_key(
+        conn: Conn, work: Any, database_url: str) -> None:
+    set_limit_sync(conn, "acme", max_running=1)
+    first = work.using(limit_key="acme").enqueue_sync()
+    with psycopg.connect(database_url) as app_conn:  # holds FOR KEY SHARE on acme's row
+        work.using(session=app_conn, limit_key="acme").enqueue_sync()
+        # lock_timeout: a claim that waited on the row would fail instead of hanging
+        conn.execute("SET lock_timeout = '2s'")
+        assert [j.id for j in claim(conn, queue="default", slots=5)] == [first]
+        app_conn.rollback()
+
+
+def test_clear_limit_refuses_a_stricter_isolation_and_changes_nothing(
+        database_url: str, conn: Conn, work: Any) -> None:
+    set_limit_sync(conn, "acme", max_running=1)
+    job = work.using(limit_key="acme").enqueue_sync()
+    with psycopg.connect(database_url) as rr:
+        rr.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with pytest.raises(LimitError, match="READ COMMITTED"):
+            clear_limit_sync(rr, "acme")
+        rr.rollback()
+    assert conn.execute("SELECT count(*) FROM akadze.limits").fetchone() == (1,)
+    assert _flags(conn)[job] is True
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_keys_at_their_limit_ahead_of_free_ones(conn: Conn, work: Any, fair: bool) -> None:
+    """Many keys at their limit lead the queue (the claim reads split); after
+    clear_limit of one of them, its jobs are claimable again at once."""
+    keys = [f"busy{i}" for i in range(40)]
+    for key in keys:
+        set_limit_sync(conn, key, max_running=1)
+    conn.execute(
+        "INSERT INTO akadze.jobs (queue, task, state, limit_key) "
+        "SELECT 'default', 'work', 'running', k FROM unnest(%s::text[]) k", [keys])
+    work.using().enqueue_many_sync(
+        [Job(limit_key=keys[i % 40]) for i in range(400)]
+        + [Job(limit_key=f"free{i}") for i in range(30)])
+    for _ in range(2):  # the second claim starts from what the first remembered
+        expected = [j.id for j in claim_oracle(conn, queue="default", slots=20, fair=fair)]
+        conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, started_at = NULL,"
+                     " worker_id = NULL WHERE id = ANY (%s)", [expected])
+        got = [j.id for j in claim(conn, queue="default", slots=20, fair=fair)]
+        assert got == expected
+        conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, started_at = NULL,"
+                     " worker_id = NULL WHERE id = ANY (%s)", [got])
+    clear_limit_sync(conn, "busy7")
+    expected = [j.id for j in claim_oracle(conn, queue="default", slots=20, fair=fair)]
+    conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, started_at = NULL,"
+                 " worker_id = NULL WHERE id = ANY (%s)", [expected])
+    got = claim(conn, queue="default", slots=20, fair=fair)
+    assert [j.id for j in got] == expected
+    if not fair:  # (fair turns put the 30 idle groups ahead of busy7, which runs a job)
+        assert "busy7" in {j.limit_key for j in got}
+
+
+def test_the_window_function_is_inlined_into_the_window_statements(conn: Conn) -> None:
+    """akadze.ready_window must be inlined (LANGUAGE sql, STABLE, a single SELECT):
+    called as a function, its body would be planned at every claim."""
+    params = {"queue": "q", "after_priority": 32768,
+              "after_run_at": datetime(1970, 1, 1, tzinfo=UTC), "after_id": 0, "now": None,
+              "skip_keys": key_list(["a", "b"]), "skip_null": False,
+              "window": 40, "split_max": 32, "need": None, "known": [], "known_null": False,
+              "fair": False, "tasks": None}
+    for name in ("claim_window", "claim_window_whole"):
+        with conn.transaction():
+            conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            plan = "\n".join(r[0] for r in conn.execute(
+                sql.SQL("EXPLAIN ") + queries.get(name), params).fetchall())
+        assert "Function Scan" not in plan, name
+        assert "jobs_ready_free_idx" in plan and "jobs_ready_idx" in plan, name
