@@ -49,10 +49,10 @@ class Case:
     groups: frozenset[str | None] | None = None
     read: int = 0
     many_groups: bool = False
-    # jobs.limited (migration 0005): "flagged": limits rows first, so the
-    # triggers flag the queued jobs of limited keys; "stale": limits rows after
-    # the jobs, every flag false; "mixed": flagged, then some flags cleared
-    # (each a legal state: a job queued before its key got a limit)
+    # jobs.limited (migration 0005): "flagged": the queued jobs of limited keys
+    # flagged, as enqueue flags them; "stale": every flag false (jobs inserted by
+    # hand, or queued before their key got a limit); "mixed": flagged, then some
+    # flags cleared. Each is a legal state.
     flags: str = "flagged"
     unflag: frozenset[int] = frozenset()
     # windows.SPLIT_MAX: how many limited keys a split window may probe
@@ -142,17 +142,16 @@ def load(conn: Conn, case: Case) -> None:
         conn.execute("DELETE FROM akadze.jobs; DELETE FROM akadze.limits; "
                      "DELETE FROM akadze.start_marks; DELETE FROM akadze.queue_pauses")
         with conn.cursor() as cur:
-            if case.limits and case.flags != "stale":
-                cur.executemany(
-                    'INSERT INTO akadze.limits (key, max_running, max_starts, "window") '
-                    "VALUES (%s, %s, %s, %s)", case.limits)
             with cur.copy(f"COPY akadze.jobs ({', '.join(JOB_COLUMNS)}) FROM STDIN") as copy:
                 for job in case.jobs:
                     copy.write_row(job)
-            if case.limits and case.flags == "stale":
+            if case.limits:
                 cur.executemany(
                     'INSERT INTO akadze.limits (key, max_running, max_starts, "window") '
                     "VALUES (%s, %s, %s, %s)", case.limits)
+            if case.flags != "stale":
+                cur.execute("UPDATE akadze.jobs SET limited = true WHERE state = 'queued' "
+                            "AND limit_key IN (SELECT key FROM akadze.limits)")
             if case.flags == "mixed":
                 cur.execute("UPDATE akadze.jobs SET limited = false WHERE id = ANY (%s)",
                             [sorted(case.unflag)])

@@ -198,4 +198,4 @@ def test_the_window_function_is_inlined_into_the_window_statements(conn: Conn) -
             plan = "\n".join(r[0] for r in conn.execute(
                 sql.SQL("EXPLAIN ") + queries.get(name), params).fetchall())
         assert "Function Scan" not in plan, name
-        assert "jobs_ready_free_idx" in plan and "jobs_ready_idx" in plan, name
+        assert "jobs_ready_free_idx" in plan and "jobs_ready_limited_idx" in plan, name

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import pq, sql
+from psycopg.types.json import Jsonb
 
 from . import queries, sessions
 from .errors import ConfigurationError, DuplicateJob, EnqueueError, UnknownTask
@@ -371,7 +372,12 @@ async def _insert_many(
             sent = True
             cur = await conn.execute(queries.get("reserve_job_ids"), {"count": len(items)})
             batch = enqueuer._batch(items)
+            keys = batch.keys()
+            if keys:
+                limited = await conn.execute(queries.get("limited_keys"), {"keys": Jsonb(keys)})
             row = await cur.fetchone()
+            if keys:
+                batch.limited_keys = frozenset(r[0] for r in await limited.fetchall())
         assert row is not None
         now, first, listed = row
         ids = _ids(first, listed, batch.size)
@@ -409,7 +415,12 @@ def _insert_many_sync(
             sent = True
             cur = conn.execute(queries.get("reserve_job_ids"), {"count": len(items)})
             batch = enqueuer._batch(items)
+            keys = batch.keys()
+            if keys:
+                limited = conn.execute(queries.get("limited_keys"), {"keys": Jsonb(keys)})
             row = cur.fetchone()
+            if keys:
+                batch.limited_keys = frozenset(r[0] for r in limited.fetchall())
         assert row is not None
         now, first, listed = row
         ids = _ids(first, listed, batch.size)

@@ -431,10 +431,19 @@ class Batch:
     columns: tuple[str, ...]
     # JSON text of each item's arguments, filled by copy_chunks.
     args: list[str] = field(default_factory=list)
+    # The keys of the batch that have a limits row (enqueue's limited_keys query):
+    # their jobs are copied with limited = true (migration 0005).
+    limited_keys: frozenset[str] = frozenset()
 
     @property
     def size(self) -> int:
         return len(self.validated)
+
+    def keys(self) -> list[str]:
+        """The distinct limit keys of the batch."""
+        if self.item_options is None:
+            return [] if self.options.limit_key is None else [self.options.limit_key]
+        return sorted({o.limit_key for o in self.item_options if o.limit_key is not None})
 
     def _options_of(self, index: int) -> Options:
         return self.options if self.item_options is None else self.item_options[index]
@@ -448,6 +457,7 @@ class Batch:
             tail.append(options.ready_at(now).isoformat())
         if "limit_key" in columns:
             tail.append(r"\N" if options.limit_key is None else copy_text(options.limit_key))
+            tail.append("t" if options.limit_key in self.limited_keys else "f")
         if "meta" in columns:
             tail.append(copy_text(options.meta_json))
         if "expires_at" in columns:
@@ -526,8 +536,8 @@ def _columns(all_options: Iterable[Options]) -> tuple[str, ...]:
     extra = [
         name
         for name, used in (
-            ("run_at", run_at), ("limit_key", limit_key), ("meta", meta),
-            ("expires_at", expires_at),
+            ("run_at", run_at), ("limit_key", limit_key), ("limited", limit_key),
+            ("meta", meta), ("expires_at", expires_at),
         )
         if used
     ]

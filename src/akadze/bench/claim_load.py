@@ -52,10 +52,12 @@ class LoadResult:
 def build_load(conn: Conn, jobs: int) -> None:
     """Half the jobs over 20 keys with max_running = 5, half without a key, alternating."""
     conn.execute(queries.get("bench_reset"))
-    conn.execute(queries.get("bench_insert_load"),
-                 {"queue": LOAD_QUEUE, "base": BASE, "jobs": jobs, "keys": 20})
+    # Limits first, as an application sets them: the keyed jobs are then flagged
+    # limited, as enqueue flags them (migration 0005).
     conn.execute(queries.get("bench_insert_limits"),
                  {"prefix": "k", "keys": 20, "max_running": 5})
+    conn.execute(queries.get("bench_insert_load"),
+                 {"queue": LOAD_QUEUE, "base": BASE, "jobs": jobs, "keys": 20})
     conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
 
 

@@ -11,25 +11,33 @@ TRUNCATE akadze.jobs, akadze.limits, akadze.start_marks, akadze.queue_pauses RES
 -- One segment of ready jobs, in queue order: row g (start <= g < stop) gets
 -- run_at = base + g ms, so g is also its place in the queue within a priority,
 -- and ids follow g (ORDER BY g). Keys: prefix || ((g / block) mod keys), i.e. the
--- keys take turns in runs of `block` rows; keys = 0 means no limit_key.
-INSERT INTO akadze.jobs (queue, task, priority, run_at, limit_key, created_at)
+-- keys take turns in runs of `block` rows; keys = 0 means no limit_key. A job of
+-- a key with a limits row is flagged limited, as enqueue flags it.
+INSERT INTO akadze.jobs (queue, task, priority, run_at, limit_key, limited, created_at)
 SELECT %(queue)s, 'bench', %(priority)s,
        %(base)s::timestamptz + g * interval '1 millisecond',
-       CASE WHEN %(keys)s::int = 0 THEN NULL
-            ELSE %(prefix)s || ((g / %(block)s::int) %% %(keys)s::int)::text END,
+       k.key, EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = k.key),
        %(base)s::timestamptz
 FROM generate_series(%(start)s::int, %(stop)s::int - 1) AS g
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN %(keys)s::int = 0 THEN NULL
+                ELSE %(prefix)s || ((g / %(block)s::int) %% %(keys)s::int)::text END AS key
+) k
 ORDER BY g
 
 -- name: bench_insert_load
 -- The load test's queue: rows alternate between a key (k0 .. k(keys-1) in
--- turn) and no key, so both halves are spread over the whole queue.
-INSERT INTO akadze.jobs (queue, task, run_at, limit_key, created_at)
+-- turn) and no key, so both halves are spread over the whole queue. Flagged
+-- limited as enqueue would flag them.
+INSERT INTO akadze.jobs (queue, task, run_at, limit_key, limited, created_at)
 SELECT %(queue)s, 'bench',
        %(base)s::timestamptz + g * interval '1 millisecond',
-       CASE WHEN g %% 2 = 0 THEN 'k' || ((g / 2) %% %(keys)s::int)::text END,
+       k.key, EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = k.key),
        %(base)s::timestamptz
 FROM generate_series(0, %(jobs)s::int - 1) AS g
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN g %% 2 = 0 THEN 'k' || ((g / 2) %% %(keys)s::int)::text END AS key
+) k
 ORDER BY g
 
 -- name: bench_insert_running
@@ -140,16 +148,28 @@ FROM akadze_bench.violations
 
 -- name: bench_plain_claim
 -- The floor the claim is compared with: the plain claim of a queue without
--- limits or fairness, one statement (the first `slots` ready rows in queue order
--- through jobs_ready_idx, FOR UPDATE SKIP LOCKED, marked running). Not exact
--- for any queue with limits or fair turns; timed only to show what a claim of
--- 20 costs on this host at all.
+-- limits or fairness, one statement: the first `slots` ready rows in queue order
+-- (the free and the limited ready indexes of migration 0005 merged, `slots`
+-- entries from each), FOR UPDATE SKIP LOCKED, marked running. Not exact for any
+-- queue with limits or fair turns; timed only to show what a claim of 20 costs
+-- on this host at all.
 WITH picked AS (
     SELECT j.id
     FROM akadze.jobs j
-    WHERE j.queue = %(queue)s AND j.state = 'queued' AND j.run_at <= now()
-    ORDER BY j.priority DESC, j.run_at, j.id
-    LIMIT %(slots)s
+    WHERE j.id IN (
+        SELECT h.id FROM (
+            (SELECT c.id, c.priority, c.run_at FROM akadze.jobs c
+             WHERE c.queue = %(queue)s AND c.state = 'queued' AND NOT c.limited
+               AND c.run_at <= now()
+             ORDER BY c.priority DESC, c.run_at, c.id LIMIT %(slots)s)
+            UNION ALL
+            (SELECT c.id, c.priority, c.run_at FROM akadze.jobs c
+             WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limited
+               AND c.run_at <= now()
+             ORDER BY c.priority DESC, c.run_at, c.id LIMIT %(slots)s)
+            ORDER BY 2 DESC, 3, 1
+            LIMIT %(slots)s) h)
+      AND j.state = 'queued'
     FOR UPDATE SKIP LOCKED
 )
 UPDATE akadze.jobs j

@@ -224,12 +224,9 @@ WITH candidates AS (
 WITH RECURSIVE guard AS (
     SELECT %(window)s::int = 0 OR (
         SELECT count(DISTINCT h.limit_key) + COALESCE(bool_or(h.limit_key IS NULL), false)::int
-        FROM (SELECT c.limit_key
-              FROM akadze.jobs c
-              WHERE c.queue = %(queue)s AND c.state = 'queued'
-                AND c.run_at <= COALESCE(%(now)s::timestamptz, now())
-              ORDER BY c.priority DESC, c.run_at, c.id
-              LIMIT %(window)s) h
+        FROM akadze.ready_window(%(queue)s, 32768, now(), 0,
+                                 COALESCE(%(now)s::timestamptz, now()), '[]'::jsonb, false,
+                                 %(window)s::int, -1) h
     ) <= %(try)s AS ok
 ),
 found AS (

@@ -5,13 +5,22 @@
 -- (interval '0' without one), so that every job's readiness is measured on the
 -- same clock the claim compares it with. now() is the transaction's start time,
 -- the same value the column default would give.
+--
+-- limited: whether the key has a limits row, which is locked FOR KEY SHARE until
+-- the caller's transaction ends, so that clear_limit cannot remove it before
+-- this job is visible to clear it too (migration 0005). A job without a key
+-- probes nothing (key = NULL matches no row).
+WITH limit_row AS (
+    SELECT 1 FROM akadze.limits l WHERE l.key = %(limit_key)s FOR KEY SHARE
+)
 INSERT INTO akadze.jobs
     (queue, task, args, priority, run_at, max_attempts, limit_key, unique_key,
-     expires_at, meta)
+     expires_at, meta, limited)
 VALUES
     (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
      COALESCE(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(max_attempts)s,
-     %(limit_key)s, %(unique_key)s, %(expires_at)s::timestamptz, %(meta)s::jsonb)
+     %(limit_key)s, %(unique_key)s, %(expires_at)s::timestamptz, %(meta)s::jsonb,
+     EXISTS (SELECT 1 FROM limit_row))
 RETURNING id, run_at
 
 -- name: reserve_job_ids
@@ -34,6 +43,14 @@ SELECT now(),
             ELSE (SELECT array_agg(id ORDER BY id) FROM reserved)
        END
 FROM summary
+
+-- name: limited_keys
+-- The keys of a bulk enqueue that have a limits row: their jobs are copied with
+-- limited = true. The rows are locked FOR KEY SHARE until the caller's
+-- transaction ends (see enqueue_job).
+SELECT l.key FROM akadze.limits l
+WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
+FOR KEY SHARE
 
 -- name: savepoint_enqueue
 -- Around an insert that may fail in a way the caller can handle (a DuplicateJob,

@@ -233,11 +233,12 @@ WHERE s.relid = 'akadze.jobs'::regclass;
 SELECT count(*) FROM akadze.jobs;
 
 -- name: soak_stats
--- The jobs table over a soak: sizes (heap, every index, the ready index alone),
+-- The jobs table over a soak: sizes (heap, every index, the ready indexes alone),
 -- live and dead tuples, autovacuum runs, and the jobs per state.
 SELECT pg_relation_size('akadze.jobs'),
        pg_indexes_size('akadze.jobs'),
-       pg_relation_size('akadze.jobs_ready_idx'),
+       pg_relation_size('akadze.jobs_ready_free_idx')
+           + pg_relation_size('akadze.jobs_ready_limited_idx'),
        coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),
        coalesce(s.autovacuum_count, 0) + coalesce(s.vacuum_count, 0),
        (SELECT count(*) FROM akadze.jobs WHERE state IN ('succeeded', 'failed', 'cancelled')),
