@@ -315,3 +315,22 @@ async def test_a_failing_async_claim_leaves_nothing_taken(
     cur = await aconn.execute("SELECT state::text FROM akadze.jobs")
     assert await cur.fetchall() == [("queued",)]
     assert len(await claim_fn(aconn, queue="q", slots=1, now=NOW)) == 1
+
+
+def test_a_claim_runs_read_committed_whatever_the_sessions_default(conn: Conn) -> None:
+    # The lock protocol needs READ COMMITTED (a new statement after a lock sees
+    # the holder's commits); a role or server may default to another level.
+    add(conn, key="k")
+    limit(conn, "k", max_running=1)
+    conn.execute("SET default_transaction_isolation = 'serializable'")
+    seen: list[str] = []
+    app = Akadze("postgresql://x@localhost/x")
+
+    def record(c: Any, job: Any, old: str, new: str) -> None:
+        row = c.execute("SELECT current_setting('transaction_isolation')").fetchone()
+        assert row is not None
+        seen.append(row[0])
+
+    app.on_transition(record)
+    assert len(claim(conn, queue="q", slots=5, app=app, now=NOW)) == 1
+    assert seen == ["read committed"]

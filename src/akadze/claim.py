@@ -41,7 +41,11 @@ __all__ = ["claim", "claim_oracle"]
 
 logger = logging.getLogger(__name__)
 
-_BEGIN = "BEGIN"
+# READ COMMITTED whatever the server's or role's default_transaction_isolation:
+# the lock protocol counts a key's jobs in a new statement after locking its
+# limits row, and only READ COMMITTED gives that statement a snapshot that sees
+# the commits of the claim that held the row before (claim.sql, claim_counts).
+_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _COMMIT = "COMMIT"
 _ROLLBACK = "ROLLBACK"
 

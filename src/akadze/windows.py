@@ -57,10 +57,9 @@ Position = tuple[int, datetime, int]
 # where the skip scan (GROUP_SCAN_TRY) reads around them for nothing. A read per
 # group leaves out any number of them for free.
 MEMORY_FROM = 17
-# A window that leaves out keys reads the jobs of keys without a limit apart
-# from those of each limited key that is not left out (claim.sql,
-# claim_window_candidates: "split"), when there are at most this many such
-# limited keys; otherwise it filters the whole queue. -1: never split.
+# A window that leaves out keys reads the limited part of the queue per limited
+# key that is not left out (akadze.ready_window, migration 0005: "split") when
+# there are at most this many such keys, and in order otherwise. -1: never.
 SPLIT_MAX = 32
 # The first window holds what the last claim needed (Hints.read), up to this
 # many entries (the default first window is planner.first_window).
