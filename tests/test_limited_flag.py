@@ -199,3 +199,12 @@ def test_the_window_function_is_inlined_into_the_window_statements(conn: Conn) -
                 sql.SQL("EXPLAIN ") + queries.get(name), params).fetchall())
         assert "Function Scan" not in plan, name
         assert "jobs_ready_free_idx" in plan and "jobs_ready_limited_idx" in plan, name
+
+
+def test_a_limits_row_deleted_by_hand_unflags_its_jobs(conn: Conn, work: Any) -> None:
+    set_limit_sync(conn, "acme", max_running=1)
+    job = work.using(limit_key="acme").enqueue_sync()
+    assert _flags(conn)[job] is True
+    conn.execute("DELETE FROM akadze.limits WHERE key = 'acme'")
+    assert _flags(conn)[job] is False
+    assert [j.id for j in claim(conn, queue="default", slots=5)] == [job]

@@ -232,8 +232,6 @@ async def clear_limit(session: Any, key: str) -> bool:
         _check_isolation(await cur.fetchone())
         cur = await conn.execute(queries.get("limit_delete"), {"key": key})
         existed = await cur.fetchone() is not None
-        if existed:
-            await conn.execute(queries.get("limit_unflag"), {"key": key})
         await conn.execute(queries.get("limit_delete_marks"), {"key": key})
     return existed
 
@@ -285,8 +283,6 @@ def clear_limit_sync(session: Any, key: str) -> bool:
     with writing_sync(session) as conn:
         _check_isolation(conn.execute(queries.get("limit_isolation")).fetchone())
         existed = conn.execute(queries.get("limit_delete"), {"key": key}).fetchone() is not None
-        if existed:
-            conn.execute(queries.get("limit_unflag"), {"key": key})
         conn.execute(queries.get("limit_delete_marks"), {"key": key})
     return existed
 

@@ -25,9 +25,9 @@
 --   it (an application's own INSERT) leaves it false, which is safe;
 -- * the trigger below sets it, the same way, when a job becomes queued again
 --   (retry, rescue, requeue, snooze, give-back);
--- * clear_limit deletes the row (waiting for those transactions), then, in a
---   new statement that sees their jobs, sets limited = false on the key's
---   queued jobs (limits.sql);
+-- * deleting a limits row (clear_limit, or any DELETE) waits for those
+--   transactions, then a trigger on akadze.limits sets limited = false on the
+--   key's queued jobs, in a statement of its own that sees theirs (below);
 -- * set_limit of a new key sets limited = true on the key's queued jobs (not
 --   needed for the rule, only so that they leave the free index).
 -- Claims lock limits rows FOR NO KEY UPDATE, which FOR KEY SHARE does not
@@ -76,6 +76,28 @@ CREATE TRIGGER jobs_limited_update
     WHEN (NEW.state = 'queued' AND (NEW.limit_key IS NOT NULL OR NEW.limited)
           AND (OLD.state <> 'queued' OR OLD.limit_key IS DISTINCT FROM NEW.limit_key))
     EXECUTE FUNCTION akadze.set_limited();
+
+-- After a limits row is deleted (or its key changed), the key's queued jobs lose
+-- their flag. The DELETE waited for every transaction holding the row FOR KEY
+-- SHARE (those that queued jobs of the key); in READ COMMITTED each statement of
+-- this VOLATILE function takes a new snapshot, which sees their jobs. At a
+-- stricter isolation level it would not (the transaction's snapshot predates
+-- them): clear_limit refuses to run there (limits.py), and a DELETE by hand
+-- must run in READ COMMITTED, the default.
+CREATE FUNCTION akadze.unflag_limited() RETURNS trigger
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    UPDATE akadze.jobs j
+    SET limited = false
+    WHERE j.state = 'queued' AND j.limit_key = OLD.key AND j.limited;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER limits_unflag
+    AFTER DELETE OR UPDATE OF key ON akadze.limits
+    FOR EACH ROW
+    EXECUTE FUNCTION akadze.unflag_limited();
 
 -- The entries of a claim window (claim.sql, claim_window_candidates): the next
 -- `size` entries of the queue after the position P = (after_priority,

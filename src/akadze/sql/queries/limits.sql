@@ -6,9 +6,9 @@
 -- it: a claim sees either the old or the new row, never half of each.
 --
 -- jobs.limited (migration 0005) follows the limits rows: set_limit flags the
--- queued jobs of a new key, clear_limit unflags them. Those updates read the
--- queued jobs of every queue (jobs_ready_key_idx leads with the queue), so
--- they cost a scan of the queued jobs: fine for an administrative call.
+-- queued jobs of a new key, and deleting the row unflags them (a trigger).
+-- Those updates read the queued jobs of every queue (jobs_ready_key_idx leads
+-- with the queue): a scan of the queued jobs, fine for an administrative call.
 
 -- name: limit_lock
 -- The current row of one key, locked until the end of the transaction so that
@@ -50,25 +50,16 @@ WITH stored AS (
 SELECT key, max_running, max_starts, "window" FROM stored
 
 -- name: limit_isolation
--- clear_limit needs READ COMMITTED (see limit_unflag).
+-- clear_limit needs READ COMMITTED (migration 0005, limits_unflag).
 SELECT current_setting('transaction_isolation')
 
 -- name: limit_delete
 -- Takes FOR UPDATE on the row, so it waits for every open transaction that
--- queued a job of the key (they hold FOR KEY SHARE, migration 0005).
+-- queued a job of the key (they hold FOR KEY SHARE); then the trigger
+-- limits_unflag clears the flag of the key's queued jobs (migration 0005).
 DELETE FROM akadze.limits
 WHERE key = %(key)s
 RETURNING key
-
--- name: limit_unflag
--- After limit_delete, as a new statement: in READ COMMITTED its snapshot sees
--- the jobs of the transactions limit_delete waited for, so that no queued job
--- keeps limited = true without a limits row (the claim would never reach it:
--- migration 0005). A job queued after the delete finds no row and is not
--- flagged.
-UPDATE akadze.jobs j
-SET limited = false
-WHERE j.state = 'queued' AND j.limit_key = %(key)s AND j.limited
 
 -- name: limit_delete_marks
 -- The start marks of a cleared key go with it: a limit set again later starts
