@@ -208,3 +208,71 @@ def test_a_limits_row_deleted_by_hand_unflags_its_jobs(conn: Conn, work: Any) ->
     conn.execute("DELETE FROM akadze.limits WHERE key = 'acme'")
     assert _flags(conn)[job] is False
     assert [j.id for j in claim(conn, queue="default", slots=5)] == [job]
+
+
+def test_flags_stay_true_to_the_limits_under_concurrent_churn(
+        conn: Conn, work: Any, database_url: str) -> None:
+    """Enqueuers, a thread that sets and clears the keys' limits, and a claimer run
+    at once; afterwards no queued job is flagged without a limits row, and once
+    every limit is gone every job can be claimed."""
+    keys = [f"k{i}" for i in range(4)]
+    failures: list[BaseException] = []
+    go = threading.Barrier(4)
+
+    def guarded(fn: Any) -> Any:
+        def run() -> None:
+            try:
+                go.wait(10)
+                fn()
+            except BaseException as exc:  # reported below
+                failures.append(exc)
+        return run
+
+    def enqueue() -> None:
+        with psycopg.connect(database_url) as c:
+            for i in range(120):
+                if i % 3 == 0:
+                    work.using(session=c).enqueue_many_sync(
+                        [Job(limit_key=keys[(i + n) % 4]) for n in range(5)])
+                else:
+                    work.using(session=c, limit_key=keys[i % 4]).enqueue_sync()
+                if i % 4 == 3:  # transactions stay open across a few enqueues
+                    c.commit()
+            c.commit()
+
+    seen_orphans: list[int] = []
+
+    def churn() -> None:
+        with psycopg.connect(database_url, autocommit=True) as c:
+            for i in range(160):
+                key = keys[i % 4]
+                if (i // 4) % 2 == 0:
+                    set_limit_sync(c, key, max_running=1 + i % 3)
+                else:
+                    clear_limit_sync(c, key)
+                # every committed state keeps the rule, not only the last one
+                seen_orphans.append(_orphans(c))
+
+    def claim_some() -> None:
+        with psycopg.connect(database_url, autocommit=True) as c:
+            for _ in range(120):
+                got = claim(c, queue="default", slots=3)
+                if got:
+                    c.execute("UPDATE akadze.jobs SET state = 'succeeded', finished_at = now()"
+                              " WHERE id = ANY (%s)", [[j.id for j in got]])
+
+    threads = [threading.Thread(target=guarded(f)) for f in (enqueue, enqueue, churn, claim_some)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures
+    assert max(seen_orphans) == 0 and _orphans(conn) == 0
+    for key in keys:
+        clear_limit_sync(conn, key)
+    queued = conn.execute("SELECT count(*) FROM akadze.jobs WHERE state = 'queued'").fetchone()
+    assert queued is not None and queued[0] > 0
+    taken = 0
+    while got := claim(conn, queue="default", slots=50):
+        taken += len(got)
+    assert taken == queued[0]
