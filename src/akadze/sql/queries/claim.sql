@@ -580,9 +580,10 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 
 -- fragment: claim_window_candidates
 -- The entries of claim_window and claim_window_whole: the next `window` index
--- entries of the queue after P, leaving out the excluded keys, read whole or
--- split (akadze.ready_window, migration 0005, which PostgreSQL inlines here: the
--- plan is the one of the function's body, with these parameters).
+-- entries of the queue after P, leaving out the excluded keys: the free and the
+-- limited part merged, the limited part in order or split per key
+-- (akadze.ready_window, migration 0005, which PostgreSQL inlines here: the plan
+-- is the one of the function's body, with these parameters).
     SELECT * FROM akadze.ready_window(
         %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
         %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, now()), %(skip_keys)b::jsonb,
