@@ -35,6 +35,11 @@ def _flags(conn: Conn) -> dict[int, bool]:
     return {int(r[0]): bool(r[1]) for r in rows}
 
 
+def _unclaim(conn: Conn, ids: list[int]) -> None:
+    """Undo a claim exactly (the bench's restore), so the next claim meets the same queue."""
+    conn.execute(queries.get("bench_restore"), {"ids": ids})
+
+
 def _orphans(conn: Conn) -> int:
     """Queued jobs flagged limited without a limits row: the claim never reaches them."""
     row = conn.execute(
@@ -168,16 +173,13 @@ def test_keys_at_their_limit_ahead_of_free_ones(conn: Conn, work: Any, fair: boo
         + [Job(limit_key=f"free{i}") for i in range(30)])
     for _ in range(2):  # the second claim starts from what the first remembered
         expected = [j.id for j in claim_oracle(conn, queue="default", slots=20, fair=fair)]
-        conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, started_at = NULL,"
-                     " worker_id = NULL WHERE id = ANY (%s)", [expected])
+        _unclaim(conn, expected)
         got = [j.id for j in claim(conn, queue="default", slots=20, fair=fair)]
         assert got == expected
-        conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, started_at = NULL,"
-                     " worker_id = NULL WHERE id = ANY (%s)", [got])
+        _unclaim(conn, got)
     clear_limit_sync(conn, "busy7")
     expected = [j.id for j in claim_oracle(conn, queue="default", slots=20, fair=fair)]
-    conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, started_at = NULL,"
-                 " worker_id = NULL WHERE id = ANY (%s)", [expected])
+    _unclaim(conn, expected)
     got = claim(conn, queue="default", slots=20, fair=fair)
     assert [j.id for j in got] == expected
     if not fair:  # (fair turns put the 30 idle groups ahead of busy7, which runs a job)
