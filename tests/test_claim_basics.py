@@ -252,7 +252,7 @@ def test_bad_arguments(conn: Conn) -> None:
 
 
 def test_a_connection_remembers_the_keys_its_last_claim_left_without_room(conn: Conn) -> None:
-    from akadze.hints import memory
+    from akadze.claim import memory
 
     limit(conn, "hot", max_running=1)
     limit(conn, "idle", max_running=1)

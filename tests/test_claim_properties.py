@@ -19,13 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from akadze import Akadze
-from akadze.claim import claim, claim_oracle
-from akadze.hints import Hints, memory
+from akadze.claim import Hints, claim, claim_oracle, memory
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(seconds=60)
 # The windowed claim's module: the tests switch its group-scan bounds.
-claim_module = importlib.import_module("akadze.windows")
+claim_module = importlib.import_module("akadze.claim._windows")
 KEYS = [None, "a", "b", "c", "d", "e", "f", "g"]
 Conn = psycopg.Connection[tuple[Any, ...]]
 

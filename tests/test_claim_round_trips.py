@@ -1,5 +1,5 @@
 """How many round trips a worker's repeated claims make: what the connection
-remembers (akadze.hints) must spare the reads it promises. The property tests
+remembers (akadze.claim.memory) must spare the reads it promises. The property tests
 prove that the hints never change a claim's result; these fail if a hint stops
 saving the round trip it is there for.
 
@@ -16,11 +16,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from akadze import claim as claim_module
-from akadze import queries, windows
-from akadze.claim import claim
-from akadze.hints import memory
-from akadze.steps import Batch, Request, Statement, Steps
+from akadze import queries
+from akadze.claim import _drivers, _windows, claim, memory
+from akadze.claim._steps import Batch, Request, Statement, Steps
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -38,7 +36,7 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     named = {id(queries.get(name)): name for name in queries.names()}
 
     def counted(request: Request) -> Steps:
-        steps = windows.windowed_steps(request)
+        steps = _windows.windowed_steps(request)
         counts.append(0)
         SENT.append([])
         reply: Any = None
@@ -55,7 +53,7 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
                 SENT[-1].extend(named[id(st.query)] for st in sent)
             reply = yield step
 
-    monkeypatch.setattr(claim_module, "windowed_steps", counted)
+    monkeypatch.setattr(_drivers, "windowed_steps", counted)
     yield counts
 
 

@@ -14,9 +14,9 @@ from psycopg import sql
 
 from akadze import Akadze, Job, LimitError, queries
 from akadze.claim import claim, claim_oracle
+from akadze.claim._steps import key_list
 from akadze.control import requeue_sync
 from akadze.limits import clear_limit_sync, set_limit_sync
-from akadze.steps import key_list
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from akadze.planner import (
+from akadze.claim._planner import (
     MAX_WINDOW,
     Key,
     Limit,

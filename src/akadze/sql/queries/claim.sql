@@ -99,7 +99,7 @@ pruned AS (
 SELECT * FROM taken
 
 -- ---------------------------------------------------------------------------
--- The windowed claim (akadze.claim, planned by akadze.planner).
+-- The windowed claim (akadze.claim._windows, planned by akadze.claim._planner).
 --
 -- Windows continue after a position P = (after_priority, after_run_at,
 -- after_id) in queue order (priority DESC, run_at, id). "After P" is written as
@@ -395,7 +395,7 @@ WHERE %(null_group)s
 
 -- name: claim_remembered
 -- The limit state of the keys this connection's last claim of the queue left
--- without room (akadze.hints), counted without locks like a window's, in
+-- without room (akadze.claim._hints), counted without locks like a window's, in
 -- the claim's first round trip. Counted as in claim_counts, but the keys still
 -- without room come back as one array (kind 'blocked') and only the others as
 -- rows (kind 'limit'): a claim remembering a thousand blocked keys receives and

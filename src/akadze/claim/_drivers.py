@@ -1,12 +1,12 @@
-"""The claim: hand a worker the next jobs of one queue, respecting limits and fair turns.
+"""The claim's entry points (``claim``, ``claim_oracle``) and the drivers that run it.
 
 What a claim must return is pinned down in ``docs/explanation/claim.md`` (after
 claim-semantics). This module is the I/O shell: the decisions are made by the
-pure :mod:`akadze.planner`, the statements live in ``sql/queries/claim*.sql``.
+pure :mod:`akadze.claim._planner`, the statements live in ``sql/queries/claim*.sql``.
 
-Each claim is written once, as a generator of steps (:mod:`akadze.steps`): the
-windowed claim in :mod:`akadze.windows`, the full-ranking reference in
-:mod:`akadze.ranking`. This module holds the public entry points and the two small
+Each claim is written once, as a generator of steps (:mod:`akadze.claim._steps`): the
+windowed claim in :mod:`akadze.claim._windows`, the full-ranking reference in
+:mod:`akadze.claim._ranking`. This module holds the public entry points and the two small
 drivers, sync and async, that run the steps on a psycopg ``Connection`` or
 ``AsyncConnection`` inside one transaction. So the sync and async entry points each
 do their own I/O and share everything else, with no bridge between the two.
@@ -26,16 +26,16 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
-from .errors import ConfigurationError
-from .jobs import ClaimedJob
+from ..errors import ConfigurationError
+from ..jobs import ClaimedJob
 
 if TYPE_CHECKING:
-    from .app import Akadze
+    from ..app import Akadze
 
-from .hints import memory
-from .ranking import oracle_steps
-from .steps import Batch, Request, Statement, Steps
-from .windows import windowed_steps
+from ._hints import memory
+from ._ranking import oracle_steps
+from ._steps import Batch, Request, Statement, Steps
+from ._windows import windowed_steps
 
 __all__ = ["claim", "claim_oracle"]
 
@@ -262,7 +262,7 @@ def claim(
     """
     request = _request(queue, slots, fair, worker_id, tasks, now)
     # What this connection's last claim of the queue learnt about its shape
-    # (akadze.hints): hints that spare finding it out again.
+    # (akadze.claim._hints): hints that spare finding it out again.
     request = replace(
         request, hints=memory.get(conn, queue),
         on_done=functools.partial(memory.put, conn, queue))

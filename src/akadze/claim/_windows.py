@@ -1,11 +1,11 @@
 """The windowed claim: read the ready index in windows until no unread row can
 change the result.
 
-Decisions are made by the pure :mod:`akadze.planner`; this module turns them into
-steps (:mod:`akadze.steps`) and the statements of ``sql/queries/claim.sql``. What
+Decisions are made by the pure :mod:`akadze.claim._planner`; this module turns them into
+steps (:mod:`akadze.claim._steps`) and the statements of ``sql/queries/claim.sql``. What
 the claim knows of keys and groups, and the lock protocol, are in
-:mod:`akadze.keystate`; what a connection remembers between claims in
-:mod:`akadze.hints`. The rules, the stop rule and the lock protocol are explained
+:mod:`akadze.claim._keystate`; what a connection remembers between claims in
+:mod:`akadze.claim._hints`. The rules, the stop rule and the lock protocol are explained
 in ``docs/explanation/claim.md``.
 """
 
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import planner
-from .hints import Hints
-from .jobs import ClaimedJob
-from .keystate import KeyState, counts, learn_counts, lock_taken, wait_first
-from .steps import (
+from ..jobs import ClaimedJob
+from . import _planner as planner
+from ._hints import Hints
+from ._keystate import KeyState, counts, learn_counts, lock_taken, wait_first
+from ._steps import (
     Batch,
     Request,
     Row,
@@ -51,7 +51,7 @@ GROUP_SCAN_TRY = 16
 
 Position = tuple[int, datetime, int]
 
-# A window leaves out remembered blocked keys (akadze.hints) only from this
+# A window leaves out remembered blocked keys (akadze.claim._hints) only from this
 # many on. Finding a few blocked keys costs a claim a window at most; leaving
 # them out from the first window on would also make it filter their backlogs
 # where the skip scan (GROUP_SCAN_TRY) reads around them for nothing. A read per
@@ -297,7 +297,7 @@ def _remembered(request: Request, keys: Sequence[str]) -> Statement:
 def _start_with_state(request: Request, known: KeyState, reading: _Reading,
                       first_size: int) -> Opens:
     """The first round trip of a claim that remembers many blocked keys
-    (:class:`akadze.hints.Memory`): its opening, the remembered keys' state
+    (:class:`akadze.claim._hints.Memory`): its opening, the remembered keys' state
     (counted without locks like a window's) and, in the same round trip, the
     first window as the planner would ask for it if every remembered key were
     still without room: leaving them all out (with the guarded skip scan). The

@@ -1,20 +1,15 @@
 """The reference claim: rank the whole ready set of the queue in one statement.
 
-Same arguments, effects and result as the windowed claim (:mod:`akadze.windows`),
+Same arguments, effects and result as the windowed claim (:mod:`akadze.claim._windows`),
 computed the obvious way, so that tests and ``akadze bench claims`` can compare the
 two. Linear in the queue length; production claims never use it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from . import queries
-from .jobs import ClaimedJob
-
-if TYPE_CHECKING:
-    pass
-from .steps import Request, Statement, Steps, begin, cancel_due, finish, take
+from .. import queries
+from ..jobs import ClaimedJob
+from ._steps import Request, Statement, Steps, begin, cancel_due, finish, take
 
 # -- the reference claim ----------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """What a connection's last claim of a queue learnt about the queue, kept for
 its next claim of that queue: hints that spare finding the queue's shape out
-again. How the windowed claim checks and uses them: :mod:`akadze.windows` and
+again. How the windowed claim checks and uses them: :mod:`akadze.claim._windows` and
 ``docs/explanation/claim.md`` ("What a connection remembers")."""
 
 from __future__ import annotations

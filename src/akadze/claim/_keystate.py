@@ -14,8 +14,8 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import planner
-from .steps import Batch, Request, Row, Statement, Step, key_list, prepared
+from . import _planner as planner
+from ._steps import Batch, Request, Row, Statement, Step, key_list, prepared
 
 __all__ = ["KeyState", "counts", "learn_counts", "lock_taken", "wait_first"]
 

@@ -1,7 +1,7 @@
 """The claim planner: given what a claim has read of a queue so far, decide.
 
 Pure: plain data in, a decision out; standard library only. The I/O shell is
-:mod:`akadze.windows` (run by :mod:`akadze.claim`); the rules are those of
+:mod:`akadze.claim._windows` (run by :mod:`akadze.claim._drivers`); the rules are those of
 ``docs/explanation/claim.md``.
 
 The shell reads the ready rows of one queue in queue order (``priority DESC,

@@ -2,9 +2,9 @@
 
 A claim is a generator of steps: a :class:`Statement` to run (its rows are sent
 back), a :class:`Batch` of statements for one round trip, or the
-:class:`Transitions` whose hooks to call. The drivers in :mod:`akadze.claim` run
+:class:`Transitions` whose hooks to call. The drivers in :mod:`akadze.claim._drivers` run
 the steps on a sync or an async psycopg connection; the windowed claim
-(:mod:`akadze.windows`) and the full ranking (:mod:`akadze.ranking`) are written
+(:mod:`akadze.claim._windows`) and the full ranking (:mod:`akadze.claim._ranking`) are written
 once in this language.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from . import queries
-from .hints import Hints
-from .jobs import ClaimedJob
+from .. import queries
+from ..jobs import ClaimedJob
+from ._hints import Hints
 
 # -- steps ----------------------------------------------------------------------------
 
