@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import queries, sessions
 from .errors import JobNotFound
 from .hooks import call_transition_hooks, call_transition_hooks_sync, transition_hooks
-from .jobs import ClaimedJob, check_job_id, claimed_job
+from .jobs import ClaimedJob, JobState, check_job_id, job_state_rows
 
 if TYPE_CHECKING:
     from .app import Akadze
@@ -29,10 +29,11 @@ __all__ = ["request_cancel", "request_cancel_sync"]
 
 
 
-def _found(row: tuple[Any, ...] | None, job_id: int) -> tuple[ClaimedJob, str]:
+def _found(row: tuple[ClaimedJob, JobState] | None, job_id: int) -> tuple[ClaimedJob, str]:
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
-    return claimed_job(row), str(row[15])
+    job, state = row
+    return job, state.value
 
 
 async def request_cancel(session: Any, job_id: int, *, app: Akadze | None = None) -> bool:
@@ -46,7 +47,8 @@ async def request_cancel(session: Any, job_id: int, *, app: Akadze | None = None
     job_id = check_job_id(job_id)
     hooks = transition_hooks(session, app)
     async with sessions.writing(session) as conn:
-        cur = await conn.execute(queries.get("job_for_cancel"), {"id": job_id})
+        cur = await conn.cursor(row_factory=job_state_rows).execute(
+            queries.get("job_for_cancel"), {"id": job_id})
         job, state = _found(await cur.fetchone(), job_id)
         if state == "queued":
             await conn.execute(queries.get("cancel_queued"), {"id": job_id, "now": None})
@@ -63,7 +65,8 @@ def request_cancel_sync(session: Any, job_id: int, *, app: Akadze | None = None)
     job_id = check_job_id(job_id)
     hooks = transition_hooks(session, app)
     with sessions.writing_sync(session) as conn:
-        cur = conn.execute(queries.get("job_for_cancel"), {"id": job_id})
+        cur = conn.cursor(row_factory=job_state_rows).execute(
+            queries.get("job_for_cancel"), {"id": job_id})
         job, state = _found(cur.fetchone(), job_id)
         if state == "queued":
             conn.execute(queries.get("cancel_queued"), {"id": job_id, "now": None})

@@ -24,7 +24,7 @@ import psycopg
 from . import queries, sessions
 from .errors import ConfigurationError, DuplicateJob, InvalidJobState, JobNotFound
 from .hooks import call_transition_hooks, call_transition_hooks_sync, transition_hooks
-from .jobs import check_job_id, claimed_job
+from .jobs import ClaimedJob, JobState, check_job_id, job_rows, job_state_rows
 
 if TYPE_CHECKING:
     from .app import Akadze
@@ -51,21 +51,21 @@ def _check_queue(queue: object) -> str:
 
 
 
-def _check_requeue(row: tuple[Any, ...] | None, job_id: int) -> tuple[str, str]:
+def _check_requeue(row: tuple[ClaimedJob, JobState] | None, job_id: int) -> tuple[str, str]:
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
-    state = str(row[15])
+    job, state = row[0], row[1].value
     if state not in REQUEUABLE:
         raise InvalidJobState(
             f"job {job_id} is {state}; only failed or cancelled jobs can be requeued"
         )
-    return state, str(row[11])
+    return state, str(job.unique_key)
 
 
-def _check_retry(row: tuple[Any, ...] | None, job_id: int) -> None:
+def _check_retry(row: tuple[ClaimedJob, JobState] | None, job_id: int) -> None:
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
-    state = str(row[15])
+    state = row[1].value
     if state != "queued":
         raise InvalidJobState(
             f"job {job_id} is {state}; retry_now applies to queued jobs "
@@ -99,16 +99,18 @@ async def requeue(session: Any, job_id: int, *, app: Akadze | None = None) -> No
     job_id = check_job_id(job_id)
     hooks = transition_hooks(session, app)
     async with sessions.writing(session) as conn:
-        cur = await conn.execute(queries.get("job_lock"), {"id": job_id})
-        before, unique_key = _check_requeue(await cur.fetchone(), job_id)
+        locked = await conn.cursor(row_factory=job_state_rows).execute(
+            queries.get("job_lock"), {"id": job_id})
+        before, unique_key = _check_requeue(await locked.fetchone(), job_id)
         try:
             async with conn.transaction():  # a savepoint: the caller's transaction survives
-                cur = await conn.execute(queries.get("job_requeue"), {"id": job_id, "now": None})
-                row = await cur.fetchone()
+                cur = await conn.cursor(row_factory=job_rows).execute(
+                    queries.get("job_requeue"), {"id": job_id, "now": None})
+                job = await cur.fetchone()
         except psycopg.errors.UniqueViolation:
             raise DuplicateJob(unique_key) from None
-        assert row is not None
-        await call_transition_hooks(hooks, conn, claimed_job(row), before, "queued")
+        assert job is not None
+        await call_transition_hooks(hooks, conn, job, before, "queued")
 
 
 async def retry_now(session: Any, job_id: int) -> bool:
@@ -116,8 +118,9 @@ async def retry_now(session: Any, job_id: int) -> bool:
     already. Raises JobNotFound, or InvalidJobState when the job is not queued."""
     job_id = check_job_id(job_id)
     async with sessions.writing(session) as conn:
-        cur = await conn.execute(queries.get("job_lock"), {"id": job_id})
-        _check_retry(await cur.fetchone(), job_id)
+        locked = await conn.cursor(row_factory=job_state_rows).execute(
+            queries.get("job_lock"), {"id": job_id})
+        _check_retry(await locked.fetchone(), job_id)
         cur = await conn.execute(queries.get("job_retry_now"), {"id": job_id, "now": None})
         return await cur.fetchone() is not None
 
@@ -146,25 +149,25 @@ def requeue_sync(session: Any, job_id: int, *, app: Akadze | None = None) -> Non
     job_id = check_job_id(job_id)
     hooks = transition_hooks(session, app)
     with sessions.writing_sync(session) as conn:
-        before, unique_key = _check_requeue(
-            conn.execute(queries.get("job_lock"), {"id": job_id}).fetchone(), job_id
-        )
+        before, unique_key = _check_requeue(conn.cursor(row_factory=job_state_rows).execute(
+            queries.get("job_lock"), {"id": job_id}).fetchone(), job_id)
         try:
             with conn.transaction():
-                row = conn.execute(
+                job = conn.cursor(row_factory=job_rows).execute(
                     queries.get("job_requeue"), {"id": job_id, "now": None}
                 ).fetchone()
         except psycopg.errors.UniqueViolation:
             raise DuplicateJob(unique_key) from None
-        assert row is not None
-        call_transition_hooks_sync(hooks, conn, claimed_job(row), before, "queued")
+        assert job is not None
+        call_transition_hooks_sync(hooks, conn, job, before, "queued")
 
 
 def retry_now_sync(session: Any, job_id: int) -> bool:
     """The sync twin of :func:`retry_now`."""
     job_id = check_job_id(job_id)
     with sessions.writing_sync(session) as conn:
-        _check_retry(conn.execute(queries.get("job_lock"), {"id": job_id}).fetchone(), job_id)
+        _check_retry(conn.cursor(row_factory=job_state_rows).execute(
+            queries.get("job_lock"), {"id": job_id}).fetchone(), job_id)
         return conn.execute(
             queries.get("job_retry_now"), {"id": job_id, "now": None}
         ).fetchone() is not None

@@ -1,13 +1,23 @@
-"""What a job is, as code sees it: its states and the records akadze hands out."""
+"""What a job is, as code sees it: its states, the records akadze hands out, and how
+a job row is read into one (the psycopg row factories ``job_rows``, ``job_state_rows``)."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+from psycopg.rows import RowMaker, no_result
 
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    # What psycopg's own row factories take: a sync or an async cursor.
+    from psycopg._cursor_base import BaseCursor
 
 
 class JobState(enum.StrEnum):
@@ -67,17 +77,60 @@ class EnqueuedJob:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def claimed_job(row: tuple[Any, ...]) -> ClaimedJob:
-    """A ClaimedJob from a row of the job columns that the worker, rescue, cancel and
-    requeue queries return, in this order: id, queue, task, args, priority, run_at,
-    limit_key, run_count, attempt, max_attempts, meta, unique_key, expires_at,
-    worker_id, started_at."""
-    return ClaimedJob(
-        id=row[0], queue=row[1], task=row[2], args=row[3], priority=row[4], run_at=row[5],
-        limit_key=row[6], run_count=row[7], attempt=row[8], max_attempts=row[9],
-        meta=row[10], unique_key=row[11], expires_at=row[12], worker_id=row[13],
-        started_at=row[14],
-    )
+# The columns a ClaimedJob is read from: its fields, which are the columns of the
+# job_columns fragment (sql/queries/jobs.sql) that every query returning a job
+# splices in.
+JOB_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ClaimedJob))
+
+
+def _picker(cursor: BaseCursor[Any, Any], columns: tuple[str, ...]
+            ) -> Callable[[Sequence[Any]], tuple[Any, ...]] | None:
+    """A function that picks ``columns``, by name, out of each row of the cursor's
+    current result (None when it has none). The names are read from the result
+    as it came (no ``description`` objects) and resolved once per shape."""
+    result = cursor.pgresult
+    if result is None or not result.nfields:
+        return None
+    return _pick(tuple(result.fname(i) or b"" for i in range(result.nfields)), columns)
+
+
+@functools.lru_cache(maxsize=64)
+def _pick(names: tuple[bytes, ...], columns: tuple[str, ...]
+          ) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    found = {name.decode(): i for i, name in reversed(list(enumerate(names)))}
+    missing = [name for name in columns if name not in found]
+    if missing:
+        raise RuntimeError(f"a job row lacks the columns {missing} (include job_columns)")
+    return itemgetter(*(found[name] for name in columns))
+
+
+def job_rows(cursor: BaseCursor[Any, Any]) -> RowMaker[ClaimedJob]:
+    """psycopg row factory: each row as a :class:`ClaimedJob`, read by column name.
+
+    The one mapper of the job row. A row costs one ``itemgetter`` call and the
+    constructor (the claim reads its jobs through it)."""
+    pick = _picker(cursor, JOB_COLUMNS)
+    if pick is None:
+        return no_result
+
+    def job(values: Sequence[Any]) -> ClaimedJob:
+        return ClaimedJob(*pick(values))
+
+    return job
+
+
+def job_state_rows(cursor: BaseCursor[Any, Any]) -> RowMaker[tuple[ClaimedJob, JobState]]:
+    """psycopg row factory: each row as ``(ClaimedJob, its state)``, for the queries
+    that add ``j.state`` to the job columns (operator actions, rescue)."""
+    pick = _picker(cursor, (*JOB_COLUMNS, "state"))
+    if pick is None:
+        return no_result
+
+    def job_and_state(values: Sequence[Any]) -> tuple[ClaimedJob, JobState]:
+        *job, state = pick(values)
+        return ClaimedJob(*job), JobState(state)
+
+    return job_and_state
 
 
 def check_job_id(job_id: object) -> int:

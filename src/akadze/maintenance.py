@@ -26,7 +26,7 @@ import psycopg
 
 from . import queries, retention, schedules
 from .hooks import call_transition_hooks
-from .jobs import claimed_job
+from .jobs import job_state_rows
 from .resilience import Trouble
 
 if TYPE_CHECKING:
@@ -57,15 +57,16 @@ async def rescue_expired(
     on_transition hooks run in it."""
     params = {"now": now, "orphan_grace": orphan_grace}
     async with conn.transaction():
-        cur = await conn.execute(queries.get("rescue_expired"), params)
+        cur = await conn.cursor(row_factory=job_state_rows).execute(
+            queries.get("rescue_expired"), params)
         rows = await cur.fetchall()
         hooks = app.on_transition_hooks if app is not None else []
         rescued = []
-        for row in rows:
-            state = str(row[15])
+        for job, new_state in rows:
+            state = new_state.value
             if hooks:
-                await call_transition_hooks(hooks, conn, claimed_job(row), "running", state)
-            rescued.append((int(row[0]), state))
+                await call_transition_hooks(hooks, conn, job, "running", state)
+            rescued.append((job.id, state))
     for job_id, state in rescued:
         logger.warning(
             "job %d was rescued from a worker whose lease expired: now %s", job_id, state,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, overload
 
+from psycopg.rows import dict_row
+
 from . import queries
 from .errors import AkadzeError, JobNotFound
 from .jobs import JobState
@@ -166,13 +168,18 @@ class WorkerSummary:
 # -- pure helpers -----------------------------------------------------------------------
 
 
-def _job(row: Sequence[Any]) -> JobSummary:
+def _job(row: Mapping[str, Any]) -> JobSummary:
+    """A JobSummary from a row of the job_summary_columns fragment (sql/queries/jobs.sql),
+    read by name (``dict_row``)."""
     return JobSummary(
-        id=int(row[0]), queue=row[1], task=row[2], state=JobState(row[3]), priority=row[4],
-        attempt=row[5], max_attempts=row[6], run_count=row[7], run_at=row[8],
-        created_at=row[9], started_at=row[10], finished_at=row[11], limit_key=row[12],
-        unique_key=row[13], meta=row[14] or {}, args=row[15] or {}, errors=list(row[16] or []),
-        result=row[17], worker_id=row[18], cancel_requested=bool(row[19]), expires_at=row[20],
+        id=int(row["id"]), queue=row["queue"], task=row["task"], state=JobState(row["state"]),
+        priority=row["priority"], attempt=row["attempt"], max_attempts=row["max_attempts"],
+        run_count=row["run_count"], run_at=row["run_at"], created_at=row["created_at"],
+        started_at=row["started_at"], finished_at=row["finished_at"],
+        limit_key=row["limit_key"], unique_key=row["unique_key"], meta=row["meta"] or {},
+        args=row["args"] or {}, errors=list(row["errors"] or []), result=row["result"],
+        worker_id=row["worker_id"], cancel_requested=bool(row["cancel_requested"]),
+        expires_at=row["expires_at"],
     )
 
 
@@ -267,7 +274,7 @@ async def list_jobs(
     contains it (``{"tenant": "acme"}``), on the GIN index."""
     name, params = _list_params(queue, state, task, meta, limit)
     async with reading(source) as conn:
-        cur = await conn.execute(queries.get(name), params)
+        cur = await conn.cursor(row_factory=dict_row).execute(queries.get(name), params)
         return [_job(row) for row in await cur.fetchall()]
 
 
@@ -275,7 +282,8 @@ async def get_job(source: Any, job_id: int) -> JobSummary:
     """The job ``job_id`` with its arguments, errors and timings; JobNotFound if none."""
     job_id = _check_id(job_id)
     async with reading(source) as conn:
-        cur = await conn.execute(queries.get("job_get"), {"id": job_id})
+        cur = await conn.cursor(row_factory=dict_row).execute(
+            queries.get("job_get"), {"id": job_id})
         row = await cur.fetchone()
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
@@ -327,14 +335,16 @@ def list_jobs_sync(
     """The sync twin of :func:`list_jobs`."""
     name, params = _list_params(queue, state, task, meta, limit)
     with reading_sync(source) as conn:
-        return [_job(row) for row in conn.execute(queries.get(name), params).fetchall()]
+        cur = conn.cursor(row_factory=dict_row).execute(queries.get(name), params)
+        return [_job(row) for row in cur.fetchall()]
 
 
 def get_job_sync(source: Any, job_id: int) -> JobSummary:
     """The sync twin of :func:`get_job`."""
     job_id = _check_id(job_id)
     with reading_sync(source) as conn:
-        row = conn.execute(queries.get("job_get"), {"id": job_id}).fetchone()
+        row = conn.cursor(row_factory=dict_row).execute(
+            queries.get("job_get"), {"id": job_id}).fetchone()
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
     return _job(row)

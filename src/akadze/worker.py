@@ -42,7 +42,7 @@ from .clock import SystemClock
 from .database import describe
 from .errors import ConfigurationError, WorkerError
 from .execution import Execution, _Run
-from .jobs import ClaimedJob, claimed_job
+from .jobs import ClaimedJob, job_rows
 from .leases import LeaseKeeping
 from .maintenance import MaintenanceLoop
 from .resilience import Trouble, is_transient
@@ -516,14 +516,13 @@ class Worker(Execution, LeaseKeeping, MaintenanceLoop):
         of the queue running for this worker that is neither running here nor
         waiting for its outcome to be written was claimed unseen."""
         async with self.async_connection() as conn:
-            cur = await conn.execute(
+            cur = await conn.cursor(row_factory=job_rows).execute(
                 queries.get("worker_running_in_queue"),
                 {"worker_id": self.worker_id, "queue": queue.name},
             )
-            rows = await cur.fetchall()
+            jobs = await cur.fetchall()
         known = set(self._running) | {finish.job.id for finish in self._pending}
-        for row in rows:
-            job = claimed_job(row)
+        for job in jobs:
             if job.id not in known:
                 logger.warning(
                     "job %d: claimed by a claim whose reply was lost; giving it back",

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import tuple_row
 
 from ..errors import ConfigurationError
 from ..jobs import ClaimedJob
@@ -89,11 +88,11 @@ def _steps_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None
             return result
         reply = None
         if isinstance(step, Statement):
-            with conn.cursor(row_factory=tuple_row) as cur:
+            with conn.cursor(row_factory=step.rows) as cur:
                 cur.execute(step.query, step.params, prepare=step.prepare)
                 reply = (cur.fetchall()) if step.fetch else None
         elif isinstance(step, Batch):
-            cursors = [conn.cursor(row_factory=tuple_row) for _ in step.statements]
+            cursors = [conn.cursor(row_factory=st.rows) for st in step.statements]
             for cur, st in zip(cursors, step.statements, strict=True):
                 cur.execute(st.query, st.params, prepare=st.prepare)
             reply = [cur.fetchall() for cur in cursors]
@@ -156,11 +155,11 @@ async def _steps_async(
             return result
         reply = None
         if isinstance(step, Statement):
-            async with conn.cursor(row_factory=tuple_row) as cur:
+            async with conn.cursor(row_factory=step.rows) as cur:
                 await cur.execute(step.query, step.params, prepare=step.prepare)
                 reply = (await cur.fetchall()) if step.fetch else None
         elif isinstance(step, Batch):
-            cursors = [conn.cursor(row_factory=tuple_row) for _ in step.statements]
+            cursors = [conn.cursor(row_factory=st.rows) for st in step.statements]
             for cur, st in zip(cursors, step.statements, strict=True):
                 await cur.execute(st.query, st.params, prepare=st.prepare)
             reply = [await cur.fetchall() for cur in cursors]

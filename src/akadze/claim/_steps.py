@@ -16,10 +16,11 @@ from datetime import datetime
 from typing import Any
 
 from psycopg import sql
+from psycopg.rows import BaseRowFactory, tuple_row
 from psycopg.types.json import Jsonb
 
 from .. import queries
-from ..jobs import ClaimedJob
+from ..jobs import ClaimedJob, job_rows
 from ._hints import Hints
 
 # -- steps ----------------------------------------------------------------------------
@@ -27,7 +28,8 @@ from ._hints import Hints
 
 @dataclass(frozen=True)
 class Statement:
-    """Run this statement; the step receives its rows (a list of tuples)."""
+    """Run this statement; the step receives its rows (a list of tuples, or of what
+    ``rows`` makes of each: ``job_rows`` for the statements that return jobs)."""
 
     query: sql.SQL | sql.Composed
     params: Mapping[str, object] | None = None
@@ -38,6 +40,8 @@ class Statement:
     # False: nobody needs the rows; in the pipeline the statement then travels
     # with the next round trip instead of causing one.
     fetch: bool = True
+    # The psycopg row factory the driver reads the rows with.
+    rows: BaseRowFactory[Any] = tuple_row
 
 
 @dataclass(frozen=True)
@@ -88,25 +92,13 @@ class Request:
                 "tasks": self.tasks}
 
 
-def job_from_row(row: Row) -> ClaimedJob:
-    """A ClaimedJob from the job columns the claim statements return."""
-    (id_, queue, task, args, priority, run_at, limit_key, run_count, attempt, max_attempts,
-     meta, unique_key, expires_at, worker_id, started_at) = row
-    return ClaimedJob(
-        id=id_, queue=queue, task=task, args=args, priority=priority, run_at=run_at,
-        limit_key=limit_key, run_count=run_count, attempt=attempt, max_attempts=max_attempts,
-        meta=meta, unique_key=unique_key, expires_at=expires_at, worker_id=worker_id,
-        started_at=started_at,
-    )
-
-
 def prepared(name: str, params: Mapping[str, object] | None = None,
-             fetch: bool = True) -> Statement:
+             fetch: bool = True, rows: BaseRowFactory[Any] = tuple_row) -> Statement:
     """A statement of the windowed claim, prepared from its first run: the claim
     runs it with generic plans (claim_start), so preparing it at once spares
     planning it at every claim until psycopg's prepare threshold; a worker's
     second claim is already as fast as its hundredth."""
-    return Statement(queries.get(name), params, prepare=True, fetch=fetch)
+    return Statement(queries.get(name), params, prepare=True, fetch=fetch, rows=rows)
 
 
 def key_list(keys: Iterable[str]) -> Jsonb:
@@ -127,8 +119,9 @@ def begin(request: Request) -> Generator[Step, Any, tuple[datetime, bool]]:
 
 
 def cancel_due(request: Request, now: datetime) -> Generator[Step, Any, list[ClaimedJob]]:
-    rows = yield Statement(queries.get("claim_cancel_due"), request.params(now))
-    return [job_from_row(r) for r in rows]
+    jobs: list[ClaimedJob] = yield Statement(
+        queries.get("claim_cancel_due"), request.params(now), rows=job_rows)
+    return jobs
 
 
 def take(
@@ -136,8 +129,8 @@ def take(
 ) -> Generator[Step, Any, list[ClaimedJob]]:
     """Take the planned rows (those still free); returned in the order of ``ids``."""
     params = {**request.params(now), "ids": list(ids), "worker_id": request.worker_id}
-    rows = yield Statement(queries.get("claim_take"), params)
-    by_id = {job.id: job for job in map(job_from_row, rows)}
+    jobs: list[ClaimedJob] = yield Statement(queries.get("claim_take"), params, rows=job_rows)
+    by_id = {job.id: job for job in jobs}
     return [by_id[i] for i in ids if i in by_id]
 
 

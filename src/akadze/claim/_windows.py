@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..jobs import ClaimedJob
+from ..jobs import ClaimedJob, job_rows
 from . import _planner as planner
 from ._hints import Hints
 from ._keystate import KeyState, counts, learn_counts, lock_taken, wait_first
@@ -30,7 +30,6 @@ from ._steps import (
     Steps,
     Steps0,
     finish,
-    job_from_row,
     key_list,
     prepared,
 )
@@ -71,7 +70,7 @@ def _opening(request: Request) -> tuple[Statement, Statement]:
     claim_start (the queue's turn and the plan settings) and claim_sweep (due
     cancel-requested and expired rows become 'cancelled')."""
     return (prepared("claim_start", {"queue": request.queue}),
-            prepared("claim_sweep", request.params()))
+            prepared("claim_sweep", request.params(), rows=job_rows))
 
 
 # A step generator that returns the jobs its claim_sweep cancelled (the claim's
@@ -79,9 +78,9 @@ def _opening(request: Request) -> tuple[Statement, Statement]:
 Opens = Generator[Step, Any, list[ClaimedJob]]
 
 
-def _opened(known: KeyState, settings: list[Row], swept: list[Row]) -> list[ClaimedJob]:
+def _opened(known: KeyState, settings: list[Row], swept: list[ClaimedJob]) -> list[ClaimedJob]:
     known.started(settings)
-    return [job_from_row(r) for r in swept]
+    return swept
 
 
 @dataclass
@@ -394,8 +393,8 @@ def _start_with_groups(request: Request, known: KeyState, reading: _Reading) -> 
 def _take(request: Request, ids: Sequence[int]) -> Generator[Step, Any, list[ClaimedJob]]:
     """Take the planned rows (those still free); returned in the order of ``ids``."""
     params = {**request.params(), "ids": list(ids), "worker_id": request.worker_id}
-    rows = yield prepared("claim_take", params)
-    by_id = {job.id: job for job in map(job_from_row, rows)}
+    jobs: list[ClaimedJob] = yield prepared("claim_take", params, rows=job_rows)
+    by_id = {job.id: job for job in jobs}
     return [by_id[i] for i in ids if i in by_id]
 
 

@@ -179,6 +179,5 @@ SET state = 'running', run_count = j.run_count + 1, attempt = j.attempt + 1,
     worker_id = 'bench', started_at = now()
 FROM picked
 WHERE j.id = picked.id
-RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-          j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-          j.started_at
+RETURNING
+-- include: job_columns

@@ -33,9 +33,8 @@ UPDATE akadze.jobs j
 SET state = 'cancelled', finished_at = %(now)s
 FROM doomed
 WHERE j.id = doomed.id
-RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-          j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-          j.started_at
+RETURNING
+-- include: job_columns
 
 -- name: claim_take
 -- Take the planned rows (ids), both claims' take (the windowed claim swept in
@@ -71,9 +70,8 @@ taken AS (
         started_at = COALESCE(%(now)s::timestamptz, now())
     FROM picked
     WHERE j.id = picked.id
-    RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-              j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-              j.started_at
+    RETURNING
+-- include: job_columns
 ),
 marked AS (
     INSERT INTO akadze.start_marks (key, started_at, job_id)
@@ -455,9 +453,8 @@ UPDATE akadze.jobs j
 SET state = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz, now())
 FROM doomed
 WHERE j.id = doomed.id
-RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-          j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-          j.started_at
+RETURNING
+-- include: job_columns
 
 -- name: claim_start
 -- The first statement of a windowed claim, sent with its first window (one

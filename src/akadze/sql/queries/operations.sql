@@ -21,9 +21,9 @@ SELECT queue, pg_notify('akadze_jobs', queue) FROM resumed;
 -- name: job_lock
 -- The job an operator acts on, locked so that a claim or an outcome cannot
 -- change it between the check of its state and the update.
-SELECT j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-       j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-       j.started_at, j.state
+SELECT
+-- include: job_columns
+, j.state
 FROM akadze.jobs AS j
 WHERE j.id = %(id)s
 FOR UPDATE;
@@ -33,7 +33,7 @@ FOR UPDATE;
 -- same max_attempts. The errors array is kept: it is the job's history. run_count
 -- is never reset: it is the fencing token, and a stale finish from a run before
 -- the requeue must still be refused.
-UPDATE akadze.jobs
+UPDATE akadze.jobs AS j
 SET state = 'queued',
     attempt = 0,
     run_at = coalesce(%(now)s::timestamptz, now()),
@@ -42,9 +42,10 @@ SET state = 'queued',
     started_at = NULL,
     finished_at = NULL,
     result = NULL
-WHERE id = %(id)s AND state IN ('failed', 'cancelled')
-RETURNING id, queue, task, args, priority, run_at, limit_key, run_count, attempt,
-          max_attempts, meta, unique_key, expires_at, worker_id, started_at, state;
+WHERE j.id = %(id)s AND j.state IN ('failed', 'cancelled')
+RETURNING
+-- include: job_columns
+, j.state;
 
 -- name: job_retry_now
 -- A queued job waiting for its run_at (a retry backoff, a delay) becomes ready
@@ -59,20 +60,18 @@ WITH moved AS (
 SELECT id, pg_notify('akadze_jobs', queue) FROM moved;
 
 -- name: job_get
-SELECT id, queue, task, state, priority, attempt, max_attempts, run_count, run_at,
-       created_at, started_at, finished_at, limit_key, unique_key, meta, args, errors,
-       result, worker_id, cancel_requested, expires_at
-FROM akadze.jobs
+SELECT
+-- include: job_summary_columns
+FROM akadze.jobs AS j
 WHERE id = %(id)s;
 
 -- name: jobs_list
 -- Newest first. Unset filters are NULL; psycopg sends the values with each
 -- execution, so the planner folds the NULL tests away and uses the indexes that
 -- the remaining predicates allow.
-SELECT id, queue, task, state, priority, attempt, max_attempts, run_count, run_at,
-       created_at, started_at, finished_at, limit_key, unique_key, meta, args, errors,
-       result, worker_id, cancel_requested, expires_at
-FROM akadze.jobs
+SELECT
+-- include: job_summary_columns
+FROM akadze.jobs AS j
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(states)s::akadze.job_state[] IS NULL OR state = ANY(%(states)s::akadze.job_state[]))
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
@@ -83,10 +82,9 @@ LIMIT %(limit)s;
 -- The same with a meta filter. jobs_meta_idx is partial (meta <> '{}'), so the
 -- predicate is repeated here for the planner to use it: a non-empty containment
 -- filter can only match a non-empty meta anyway.
-SELECT id, queue, task, state, priority, attempt, max_attempts, run_count, run_at,
-       created_at, started_at, finished_at, limit_key, unique_key, meta, args, errors,
-       result, worker_id, cancel_requested, expires_at
-FROM akadze.jobs
+SELECT
+-- include: job_summary_columns
+FROM akadze.jobs AS j
 WHERE meta <> '{}'::jsonb
   AND meta @> %(meta)s::jsonb
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)

@@ -111,9 +111,9 @@ SET state = CASE WHEN j.attempt >= j.max_attempts
     worker_id = NULL
 FROM lost
 WHERE j.id = lost.id
-RETURNING j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-          j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-          j.started_at, j.state;
+RETURNING
+-- include: job_columns
+, j.state;
 
 -- name: maintenance_try_lock
 -- One maintenance runner at a time across the cluster: a session-level advisory
@@ -126,9 +126,9 @@ SELECT pg_advisory_unlock(7019811528365141364);
 -- name: job_for_cancel
 -- Lock the job whose cancellation is requested, to decide between the queued and
 -- the running case without racing a claim.
-SELECT j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-       j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-       j.started_at, j.state
+SELECT
+-- include: job_columns
+, j.state
 FROM akadze.jobs AS j
 WHERE j.id = %(id)s
 FOR UPDATE;
@@ -159,8 +159,7 @@ SELECT id, pg_notify('akadze_cancel', id::text) FROM flagged;
 -- claim whose commit went through while its reply was lost (a killed connection)
 -- left jobs running for this worker that it never started. The worker gives
 -- those back.
-SELECT j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-       j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-       j.started_at
+SELECT
+-- include: job_columns
 FROM akadze.jobs AS j
 WHERE j.worker_id = %(worker_id)s AND j.state = 'running' AND j.queue = %(queue)s;

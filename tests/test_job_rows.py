@@ -1,0 +1,91 @@
+"""The job row is defined once: the job_columns and job_summary_columns fragments of
+sql/queries/jobs.sql, read by name into ClaimedJob and JobSummary."""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib import resources
+from typing import Any
+
+import psycopg
+import pytest
+
+from akadze import queries
+from akadze.claim import claim
+from akadze.jobs import JOB_COLUMNS, ClaimedJob, JobState, job_rows, job_state_rows
+from akadze.overview import JobSummary
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+# Queries that return the job columns, with parameters that match no job.
+RETURNING_JOBS = {
+    "claim_cancel_due": {"queue": "none", "now": None, "tasks": None},
+    "claim_sweep": {"queue": "none", "now": None, "tasks": None},
+    "claim_take": {"queue": "none", "now": None, "tasks": None, "ids": [],
+                   "worker_id": "w"},
+    "worker_running_in_queue": {"worker_id": "none", "queue": "none"},
+    "job_lock": {"id": 0},
+    "job_for_cancel": {"id": 0},
+    "job_requeue": {"id": 0, "now": None},
+    "rescue_expired": {"now": None, "orphan_grace": 30.0},
+}
+WITH_STATE = {"job_lock", "job_for_cancel", "job_requeue", "rescue_expired"}
+
+
+def columns(conn: Conn, name: str, params: dict[str, Any]) -> list[str]:
+    with conn.transaction(force_rollback=True):
+        cur = conn.execute(queries.get(name), params)
+        assert cur.description is not None
+        return [column.name for column in cur.description]
+
+
+def test_every_query_that_returns_a_job_returns_the_fields_of_claimed_job(conn: Conn) -> None:
+    assert tuple(f.name for f in dataclasses.fields(ClaimedJob)) == JOB_COLUMNS
+    for name, params in RETURNING_JOBS.items():
+        extra = ["state"] if name in WITH_STATE else []
+        assert columns(conn, name, params) == [*JOB_COLUMNS, *extra], name
+
+
+def test_the_job_summary_queries_return_the_fields_of_job_summary(conn: Conn) -> None:
+    fields = [f.name for f in dataclasses.fields(JobSummary)]
+    for name, params in {
+        "job_get": {"id": 0},
+        "jobs_list": {"queue": None, "states": None, "task": None, "limit": 1},
+        "jobs_list_meta": {"queue": None, "states": None, "task": None, "limit": 1,
+                           "meta": "{}"},
+    }.items():
+        assert columns(conn, name, params) == fields, name
+
+
+def test_the_column_list_is_written_only_in_the_fragment() -> None:
+    folder = resources.files("akadze").joinpath("sql", "queries")
+    spelled = {entry.name for entry in folder.iterdir() if entry.name.endswith(".sql")
+               and "j.max_attempts, j.meta" in entry.read_text(encoding="utf-8")}
+    assert spelled == {"jobs.sql"}
+
+
+def test_rows_are_read_by_name_whatever_the_column_order(conn: Conn) -> None:
+    conn.execute("INSERT INTO akadze.jobs (queue, task, limit_key, meta) "
+                 "VALUES ('q', 't', 'k', '{\"m\": 1}')")
+    reversed_columns = ", ".join(reversed((*JOB_COLUMNS, "state")))
+    job, state = conn.cursor(row_factory=job_state_rows).execute(
+        f"SELECT 'extra' AS other, {reversed_columns} FROM akadze.jobs").fetchall()[0]
+    assert (job.queue, job.task, job.limit_key, job.meta, job.run_count) == (
+        "q", "t", "k", {"m": 1}, 0)
+    assert state is JobState.QUEUED
+    # ... and a claim hands out the same record
+    assert claim(conn, queue="q", slots=1) == [
+        dataclasses.replace(job, run_count=1, attempt=1, worker_id=None,
+                            started_at=claim_started(conn))]
+
+
+def claim_started(conn: Conn) -> Any:
+    row = conn.execute("SELECT started_at FROM akadze.jobs").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_a_row_without_a_job_column_is_refused_by_name(conn: Conn) -> None:
+    with pytest.raises(RuntimeError, match=r"lacks the columns \['started_at'\]"):
+        conn.cursor(row_factory=job_rows).execute(
+            "SELECT " + ", ".join(JOB_COLUMNS[:-1]) + " FROM akadze.jobs")
