@@ -1,19 +1,16 @@
 """Many claimer processes on shared queues with tight limits: the limits hold exactly.
 
-Every claim commit is watched by test-only triggers created here (never by the
+Every claim commit is watched by test-only triggers (never created by the
 migrations):
 
-- ``watch_running``: a constraint trigger, DEFERRABLE INITIALLY DEFERRED, on each
-  row that becomes running with a key. Deferred, it runs inside the claiming
-  transaction's commit, after all its rows are taken. It first takes one
-  transaction-level advisory lock that every such commit takes, and holds it until
-  the commit is done: so when a check gets the lock, the claim that held it before
-  has committed (PostgreSQL releases locks only after the commit is visible), and
-  the count, a new statement with a fresh READ COMMITTED snapshot, sees it. A
-  key's running count only grows at these commits (it shrinks at completions,
-  which are not serialised and can only lower it), so checking at every one of
-  them observes the largest count the key ever had. The lock is the last one a
-  claim takes and its holder waits for nothing else, so it cannot deadlock.
+- the watch the benchmarks and the fault scenarios use too (``watch_install`` in
+  ``akadze/bench/sql/watch.sql``, which argues why it sees every moment): a
+  deferred constraint trigger on each row that becomes running with a key, which
+  records the key's running count at the claim's commit in
+  ``akadze_watch.starts``, serialised with every other such commit;
+
+and two created here:
+
 - ``watch_marks``: a copy of every start mark a claim writes (the claim prunes old
   marks itself). A claim stamps its marks with its own clock and counts every mark
   newer than its clock minus the window, so any window ending at a mark holds at
@@ -36,6 +33,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from akadze.bench import queries as harness
 from akadze.claim import claim, claim_oracle
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -55,28 +53,8 @@ FREE_KEYS = ("free1", "free2")
 
 WATCH = """
 CREATE SCHEMA watch;
-CREATE TABLE watch.running (key text, running bigint, max_running int, job_id bigint);
 CREATE TABLE watch.marks (key text, started_at timestamptz, job_id bigint);
 CREATE TABLE watch.starts (job_id bigint, run_count int, key text);
-
-CREATE FUNCTION watch.check_running() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    allowed int;
-    n bigint;
-BEGIN
-    PERFORM pg_advisory_xact_lock(4242);
-    SELECT l.max_running INTO allowed FROM akadze.limits l WHERE l.key = NEW.limit_key;
-    IF allowed IS NOT NULL THEN
-        SELECT count(*) INTO n FROM akadze.jobs j
-        WHERE j.state = 'running' AND j.limit_key = NEW.limit_key;
-        INSERT INTO watch.running VALUES (NEW.limit_key, n, allowed, NEW.id);
-    END IF;
-    RETURN NULL;
-END $$;
-CREATE CONSTRAINT TRIGGER watch_running AFTER UPDATE ON akadze.jobs
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
-    WHEN (NEW.state = 'running' AND OLD.state <> 'running' AND NEW.limit_key IS NOT NULL)
-    EXECUTE FUNCTION watch.check_running();
 
 CREATE FUNCTION watch.copy_mark() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -124,6 +102,7 @@ def _populate(conn: Conn, jobs: int, seed: int) -> None:
             rows,
         )
     conn.execute("ANALYZE akadze.jobs")
+    conn.execute(harness.get("watch_install"))
     conn.execute(WATCH)
 
 
@@ -185,11 +164,9 @@ def _check(conn: Conn, claimed: list[int], errors: list[str]) -> dict[str, int]:
     assert conn.execute("SELECT count(*) FROM watch.starts").fetchone() == (len(claimed),)
 
     # max_running, at every claim commit
-    over = conn.execute(
-        "SELECT key, running, max_running FROM watch.running WHERE running > max_running"
-    ).fetchall()
+    over = conn.execute(harness.get("watch_violation_details")).fetchall()
     assert over == []
-    peaks = dict(conn.execute("SELECT key, max(running) FROM watch.running GROUP BY key"))
+    peaks = dict(conn.execute(harness.get("watch_running_peaks")))
 
     # max_starts, in every window ending at a mark
     over_rate = conn.execute(
@@ -250,8 +227,8 @@ def test_the_watch_catches_two_transactions_that_overrun_a_key(
             tx.execute("UPDATE akadze.jobs SET state = 'running' WHERE id = %s", (job,))
         t1.commit()
         t2.commit()
-    assert conn.execute("SELECT key, running, max_running FROM watch.running"
-                        " WHERE running > max_running").fetchall() == [("r1", 2, 1)]
+    assert [row[:3] for row in conn.execute(harness.get("watch_violation_details"))] == [
+        ("r1", 2, 1)]
 
 
 @pytest.mark.parametrize("claim_fn", [claim, claim_oracle], ids=["claim", "oracle"])

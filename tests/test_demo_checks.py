@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from akadze import demo
+from akadze.bench import demo
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from akadze import Akadze, Job, LimitError, queries
+from akadze.bench import queries as harness
 from akadze.claim import claim, claim_oracle
 from akadze.claim._steps import key_list
 from akadze.control import requeue_sync
@@ -37,7 +38,7 @@ def _flags(conn: Conn) -> dict[int, bool]:
 
 def _unclaim(conn: Conn, ids: list[int]) -> None:
     """Undo a claim exactly (the bench's restore), so the next claim meets the same queue."""
-    conn.execute(queries.get("bench_restore"), {"ids": ids})
+    conn.execute(harness.get("bench_restore"), {"ids": ids})
 
 
 def _orphans(conn: Conn) -> int:

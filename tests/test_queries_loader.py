@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from akadze import queries
+from akadze.bench import queries as bench_queries
 
 
 def test_every_query_is_sent_without_comment_lines_or_includes() -> None:
@@ -37,3 +40,36 @@ def test_the_claim_statements_stay_under_psycopgs_conversion_cache_limit() -> No
     for name in ("claim_window", "claim_window_whole", "claim_group_rows", "claim_take",
                  "claim_sweep", "claim_groups"):
         assert len(queries.text(name).encode()) <= 4096, name
+
+
+def test_the_harness_queries_are_not_in_the_runtime_namespace() -> None:
+    runtime = set(queries.names())
+    harness = set(bench_queries.names())
+    assert {"bench_plain_claim", "fault_audit", "demo_jobs", "watch_install"} <= harness
+    assert not runtime & harness
+    assert not any(name.startswith(("bench_", "fault_", "demo_", "watch_", "soak_"))
+                   for name in runtime)
+    # The harness includes the runtime's fragments: its plain claim returns the job row.
+    assert "j.max_attempts, j.meta" in bench_queries.text("bench_plain_claim")
+
+
+def test_a_fragment_the_harness_defines_again_is_refused(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "harness_sql_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.sql").write_text("-- fragment: job_columns\nj.id\n\n-- name: q\nSELECT 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loader = queries.Queries("harness_sql_probe", base=queries.runtime)
+    with pytest.raises(RuntimeError, match="fragment 'job_columns' defined twice"):
+        loader.text("q")
+
+
+def test_every_query_is_used_by_some_code() -> None:
+    root = Path(__file__).resolve().parent.parent
+    code = "\n".join(path.read_text(encoding="utf-8")
+                     for folder in ("src", "tests") for path in (root / folder).rglob("*.py")
+                     if path != Path(__file__).resolve())
+    unused = [name for name in (*queries.names(), *bench_queries.names())
+              if f'"{name}"' not in code]
+    assert unused == []

@@ -15,8 +15,7 @@ from typing import Any
 
 import psycopg
 
-from akadze import queries
-from akadze.bench.fault_harness import audit
+from akadze.bench.fault_harness import audit, install
 from akadze.claim import claim
 from akadze.limits import set_limit_sync
 
@@ -24,7 +23,7 @@ from akadze.limits import set_limit_sync
 def test_a_claim_with_an_earlier_clock_committing_later_keeps_the_rate(
     conn: psycopg.Connection[Any],
 ) -> None:
-    conn.execute(queries.get("fault_watch_install"))
+    install(conn)
     set_limit_sync(conn, "r", max_starts=2, window=timedelta(seconds=1))
     conn.execute("INSERT INTO akadze.jobs (queue, task, limit_key) "
                  "SELECT 'q', 't', 'r' FROM generate_series(1, 10)")

@@ -5,12 +5,17 @@ and fragments (``-- fragment: some_name``) that queries splice in with a line
 ``-- include: some_name``.
 Runtime code refers to queries by name (``queries.get("claim_window")``) and never
 builds SQL from user strings; identifiers, where needed, go through psycopg.sql.
+
+The loader is a :class:`Queries` over one folder of a package; this module's
+functions are those of the runtime's. The harness (``akadze.bench``) has a
+loader of its own over its own folder, which may include the runtime's
+fragments (the job row) but whose queries the runtime never sees.
 """
 
 from __future__ import annotations
 
 import re
-from functools import cache
+from functools import cached_property
 from importlib import resources
 
 from psycopg import sql
@@ -45,47 +50,90 @@ def _parse(text: str, source: str) -> tuple[dict[str, str], dict[str, str]]:
     return found
 
 
-@cache
-def _all() -> dict[str, str]:
-    """Every query, with its ``-- include: fragment`` lines replaced by the named
-    fragment (``-- fragment: name``, in any file: a shared part of several
-    queries, not a query by itself), then compacted."""
-    queries: dict[str, str] = {}
-    fragments: dict[str, str] = {}
-    folder = resources.files("akadze").joinpath("sql", "queries")
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".sql"):
-            continue
-        named, shared = _parse(entry.read_text(encoding="utf-8"), entry.name)
-        for into, found in ((queries, named), (fragments, shared)):
-            for name, body in found.items():
-                if name in into:
-                    raise RuntimeError(f"{name!r} defined twice ({entry.name})")
-                into[name] = body
+class Queries:
+    """The named queries of the ``.sql`` files in one folder of a package.
 
-    def fragment(match: re.Match[str]) -> str:
+    ``base``: another loader whose fragments these queries may include too (a
+    name defined in both is refused)."""
+
+    def __init__(self, package: str, *folder: str, base: Queries | None = None) -> None:
+        self._package = package
+        self._folder = folder
+        self._base = base
+        self._sql: dict[str, sql.SQL] = {}
+
+    def _read(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The folder's queries and fragments, as written."""
+        queries: dict[str, str] = {}
+        fragments: dict[str, str] = {}
+        folder = resources.files(self._package).joinpath(*self._folder)
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if not entry.name.endswith(".sql"):
+                continue
+            named, shared = _parse(entry.read_text(encoding="utf-8"), entry.name)
+            for into, found in ((queries, named), (fragments, shared)):
+                for name, body in found.items():
+                    if name in into:
+                        raise RuntimeError(f"{name!r} defined twice ({entry.name})")
+                    into[name] = body
+        return queries, fragments
+
+    @cached_property
+    def _fragments(self) -> dict[str, str]:
+        """Every fragment these queries may include: the folder's and the base's."""
+        own = self._read()[1]
+        inherited = self._base._fragments if self._base is not None else {}
+        for name in own.keys() & inherited.keys():
+            raise RuntimeError(f"fragment {name!r} defined twice ({'/'.join(self._folder)})")
+        return {**inherited, **own}
+
+    @cached_property
+    def _all(self) -> dict[str, str]:
+        """Every query, with its ``-- include: fragment`` lines replaced by the named
+        fragment (``-- fragment: name``, in any file: a shared part of several
+        queries, not a query by itself), then compacted."""
+        fragments = self._fragments
+
+        def fragment(match: re.Match[str]) -> str:
+            try:
+                return fragments[match.group(1)]
+            except KeyError:
+                raise RuntimeError(f"no SQL fragment named {match.group(1)!r}") from None
+
+        return {name: _compact(_INCLUDE.sub(fragment, body)).rstrip(";").strip()
+                for name, body in self._read()[0].items()}
+
+    def text(self, name: str) -> str:
+        """The SQL text of the named query."""
         try:
-            return fragments[match.group(1)]
+            return self._all[name]
         except KeyError:
-            raise RuntimeError(f"no SQL fragment named {match.group(1)!r}") from None
+            raise KeyError(f"no SQL query named {name!r}") from None
 
-    return {name: _compact(_INCLUDE.sub(fragment, body)).rstrip(";").strip()
-            for name, body in queries.items()}
+    def get(self, name: str) -> sql.SQL:
+        """The named query as a psycopg ``sql.SQL`` object, ready to execute: the same
+        object at every call (so psycopg's caches keyed on it hit)."""
+        found = self._sql.get(name)
+        if found is None:
+            found = self._sql.setdefault(name, sql.SQL(self.text(name)))
+        return found
+
+    def names(self) -> list[str]:
+        return sorted(self._all)
+
+
+runtime = Queries("akadze", "sql", "queries")
 
 
 def text(name: str) -> str:
-    """The SQL text of the named query."""
-    try:
-        return _all()[name]
-    except KeyError:
-        raise KeyError(f"no SQL query named {name!r}") from None
+    """The SQL text of the named runtime query."""
+    return runtime.text(name)
 
 
-@cache
 def get(name: str) -> sql.SQL:
-    """The named query as a psycopg ``sql.SQL`` object, ready to execute."""
-    return sql.SQL(text(name))
+    """The named runtime query as a psycopg ``sql.SQL`` object, ready to execute."""
+    return runtime.get(name)
 
 
 def names() -> list[str]:
-    return sorted(_all())
+    return runtime.names()

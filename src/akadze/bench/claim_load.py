@@ -5,8 +5,9 @@ key. Each claimer is a process with its own connection: claim up to 20, hold
 them ~10 ms (side by side, like a worker's slots), complete them with a fenced
 UPDATE, until every job is done or its time is up. Meanwhile another connection
 samples the running counts continuously (one snapshot per sample), and a
-deferred constraint trigger checks every claim commit (``bench_load_watch`` in
-bench_claims.sql explains why it sees every moment a key could be over).
+deferred constraint trigger checks every claim commit (the shared watch:
+``watch_install`` in ``bench/sql/watch.sql`` explains why it sees every moment a
+key could be over).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any
 
 import psycopg
 
-from .. import queries
 from ..claim import claim
 from ..database import connect
+from . import queries
 from .claim_scenarios import BASE, SLOTS
 
 Conn = psycopg.Connection[Any]
@@ -100,7 +101,7 @@ def run_load(url: str, order: str, *, jobs: int, claimers: int, seconds: float,
     result = LoadResult(order, jobs, claimers, seconds)
     with connect(url) as conn:
         build_load(conn, jobs)
-        conn.execute(queries.get("bench_load_watch"))
+        conn.execute(queries.get("watch_install"))
     ctx = multiprocessing.get_context("spawn")
     go, stop, ready, out = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=load_claimer, daemon=True,
@@ -154,9 +155,8 @@ def _verify(sampler: Conn, result: LoadResult) -> None:
     assert row is not None
     result.completed_in_db = int(row[0])
     result.claimed_twice = int(row[2])
-    trig = sampler.execute(queries.get("bench_load_violations")).fetchone()
+    trig = sampler.execute(queries.get("watch_violations")).fetchone()
     assert trig is not None
     result.trigger_over = int(trig[0])
-    if trig[2] is not None:
-        result.max_over = max(result.max_over, int(trig[2]))
-    sampler.execute(queries.get("bench_load_unwatch"))
+    result.max_over = max(result.max_over, int(trig[2]))
+    sampler.execute(queries.get("watch_remove"))

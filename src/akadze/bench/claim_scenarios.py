@@ -25,8 +25,8 @@ from typing import Any
 
 import psycopg
 
-from .. import queries
 from ..claim import claim, claim_oracle
+from . import queries
 
 Conn = psycopg.Connection[Any]
 ClaimFn = Callable[..., Any]

@@ -187,7 +187,7 @@ def write_report(path: Path, host: dict[str, str], repeat: int,
             "complete with a fenced UPDATE. *Samples over a limit*: one-snapshot samples "
             "from another connection that saw a key over max_running; *trigger "
             "violations*: claim commits after which a key was over (deferred constraint "
-            "trigger, serialised, see `bench_claims.sql`).",
+            "trigger, serialised: the watch of `akadze/bench/sql/watch.sql`).",
             "",
             _md_table(LOAD_COLUMNS, load_rows(loads)),
         ]

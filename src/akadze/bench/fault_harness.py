@@ -1,7 +1,9 @@
 """What every fault scenario shares: the workload, the watcher, the audit.
 
 - :func:`prepare` migrates a scratch database, sets the limits and installs the
-  test-only watch (``fault_watch_install`` in ``faults.sql``).
+  test-only watch (:func:`install`: ``watch_install`` in ``bench/sql/watch.sql``,
+  shared with the claim bench and the tests, and the effects table of
+  ``fault_install``).
 - :func:`enqueue_workload` enqueues a seeded mix of jobs through the public API.
 - :class:`Monitor` samples the database from a thread of its own (reconnecting
   through restarts): running jobs per limited key against max_running, progress,
@@ -21,9 +23,9 @@ from typing import Any
 
 import psycopg
 
-from .. import queries
 from ..limits import set_limit_sync
 from ..migrate import migrate_connection
+from . import queries
 from .fault_tasks import work
 
 Conn = psycopg.Connection[Any]
@@ -57,7 +59,14 @@ def prepare(conn: Conn) -> None:
     for key, max_running, max_starts, window in LIMITS:
         set_limit_sync(conn, key, max_running=max_running, max_starts=max_starts,
                        window=None if window is None else timedelta(seconds=window))
-    conn.execute(queries.get("fault_watch_install"))
+    install(conn)
+
+
+def install(conn: Conn) -> None:
+    """The watch (every start recorded at its commit, max_running checked) and the
+    table of the tasks' effects."""
+    conn.execute(queries.get("watch_install"))
+    conn.execute(queries.get("fault_install"))
 
 
 def job_items(workload: Workload, rng: random.Random, first: int = 0) -> dict[str | None,
@@ -225,13 +234,13 @@ def audit(conn: Conn) -> Audit:
     states = {str(s): int(n) for s, n in conn.execute(queries.get("fault_states"))}
     row = conn.execute(queries.get("fault_audit")).fetchone()
     assert row is not None
-    v = conn.execute(queries.get("fault_violations")).fetchone()
+    v = conn.execute(queries.get("watch_violations")).fetchone()
     r = conn.execute(queries.get("fault_start_violations")).fetchone()
     assert v is not None and r is not None
     kinds = [(str(a), str(b), int(c)) for a, b, c in conn.execute(
         queries.get("fault_error_kinds"))]
     details = [f"over max_running: key {k} running {n} > {m} (job {j}) at {at}"
-               for k, n, m, j, at in conn.execute(queries.get("fault_violation_details"))]
+               for k, n, m, j, at in conn.execute(queries.get("watch_violation_details"))]
     if int(r[0]):
         worst = conn.execute(queries.get("fault_start_violation_details")).fetchall()
         details.append(
@@ -240,7 +249,7 @@ def audit(conn: Conn) -> Audit:
             + ", ".join(f"{lag.total_seconds() * 1000:.0f} ms" for _, _, lag, _, _ in worst))
     n = [int(x) for x in row]
     return Audit(states, n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], n[9], n[10],
-                 n[11], int(v[0]), int(v[1]), int(r[0]), int(r[1]), int(r[2]), kinds, details)
+                 n[11], int(v[0]), int(v[2]), int(r[0]), int(r[1]), int(r[2]), kinds, details)
 
 
 def log_counts(text: str) -> Counter[str]:

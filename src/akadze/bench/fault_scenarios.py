@@ -24,8 +24,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from .. import queries
 from ..claim import claim
+from . import queries
 from .fault_cluster import Cluster
 from .fault_harness import Audit, Monitor, Workload, audit, enqueue_workload, log_counts, prepare
 from .fault_server import PrivateServer

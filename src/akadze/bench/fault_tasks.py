@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import os
 
-from .. import queries
 from ..app import Akadze
 from ..runs import current
+from . import queries
 
 QUEUE = "faults"
 TASK = "fault.work"

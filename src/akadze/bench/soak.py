@@ -30,7 +30,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from .. import queries
+from . import queries
 from .fault_cluster import Cluster
 from .fault_harness import Audit, Monitor, Workload, audit, enqueue_workload, prepare
 from .fault_server import private_server

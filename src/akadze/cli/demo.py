@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .. import demo
+from ..bench import demo
 from ..database import describe
 from ..errors import ConfigurationError
 from .options import database_url_option, resolve

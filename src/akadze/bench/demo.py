@@ -31,9 +31,9 @@ from typing import Any
 
 import psycopg
 
+from ..app import Akadze
+from ..migrate import migrate_connection_async
 from . import queries
-from .app import Akadze
-from .migrate import migrate_connection_async
 
 # name, share of the backlog, limit ("running", "starts" or None)
 TENANTS: tuple[tuple[str, float, str | None], ...] = (
@@ -472,8 +472,8 @@ async def run(
 ) -> Result:
     """Migrate, set the limits, enqueue, run a fair worker until the work is done or
     ``plan.seconds`` passed, and check the outcome from the database."""
-    from . import limits
-    from .worker import Worker
+    from .. import limits
+    from ..worker import Worker
 
     bodies = _Bodies()
     app = build_app(url, plan, bodies)

@@ -1,6 +1,7 @@
 -- Statements of `akadze bench claims` (src/akadze/bench/claims.py). They run
 -- only in the bench's scratch database (or one given with --in-place), never in
--- production code paths.
+-- production code paths. The load test checks every claim commit with the shared
+-- watch (watch.sql).
 
 -- name: bench_reset
 -- An empty queue world for the next scenario. TRUNCATE rather than DELETE: the
@@ -67,9 +68,6 @@ SET state = 'queued', run_count = run_count - 1, attempt = attempt - 1,
     worker_id = NULL, started_at = NULL
 WHERE id = ANY (%(ids)s::bigint[]) AND state = 'running'
 
--- name: bench_ready_count
-SELECT count(*) FROM akadze.jobs WHERE queue = %(queue)s AND state = 'queued'
-
 -- name: bench_load_complete
 -- The load test's outcome write, fenced like a worker's: a row is finished only
 -- while it is still running under the run_count it was claimed with.
@@ -93,58 +91,6 @@ SELECT count(*) FILTER (WHERE state = 'succeeded') AS completed,
        count(*) FILTER (WHERE run_count > 1) AS claimed_twice
 FROM akadze.jobs
 WHERE queue = %(queue)s
-
--- name: bench_load_watch
--- A test-only watch on every claim commit (created in the scratch database,
--- never by migrations). The constraint trigger is deferred, so it runs when the
--- claiming transaction commits, once per row that became running with a key.
--- It first takes one transaction-level advisory lock that every such commit
--- takes: so the checks (and the commits) of claims that run keys are serialised,
--- and when a check acquires the lock, the claim that held it before has
--- committed and is visible to the fresh READ COMMITTED snapshot of the count.
--- Running counts only grow at these commits, so checking every one of them
--- sees every moment a key could be over its limit. The lock is the last one a
--- claim takes and its holder waits for nothing, so it cannot deadlock.
-CREATE SCHEMA IF NOT EXISTS akadze_bench;
-CREATE TABLE IF NOT EXISTS akadze_bench.violations (
-    key text, running bigint, max_running int, job_id bigint,
-    at timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE OR REPLACE FUNCTION akadze_bench.check_running() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    allowed int;
-    running bigint;
-BEGIN
-    PERFORM pg_advisory_xact_lock(7164829301);
-    SELECT l.max_running INTO allowed FROM akadze.limits l WHERE l.key = NEW.limit_key;
-    IF allowed IS NULL THEN
-        RETURN NULL;
-    END IF;
-    SELECT count(*) INTO running
-    FROM akadze.jobs j WHERE j.state = 'running' AND j.limit_key = NEW.limit_key;
-    IF running > allowed THEN
-        INSERT INTO akadze_bench.violations (key, running, max_running, job_id)
-        VALUES (NEW.limit_key, running, allowed, NEW.id);
-    END IF;
-    RETURN NULL;
-END
-$$;
-DROP TRIGGER IF EXISTS bench_check_running ON akadze.jobs;
-CREATE CONSTRAINT TRIGGER bench_check_running
-    AFTER UPDATE ON akadze.jobs
-    DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW
-    WHEN (NEW.state = 'running' AND OLD.state <> 'running' AND NEW.limit_key IS NOT NULL)
-    EXECUTE FUNCTION akadze_bench.check_running()
-
--- name: bench_load_unwatch
-DROP TRIGGER IF EXISTS bench_check_running ON akadze.jobs;
-DROP SCHEMA IF EXISTS akadze_bench CASCADE
-
--- name: bench_load_violations
-SELECT count(*), count(DISTINCT key), max(running - max_running)
-FROM akadze_bench.violations
 
 -- name: bench_plain_claim
 -- The floor the claim is compared with: the plain claim of a queue without

@@ -1,61 +1,17 @@
 -- Queries of the reliability suite (akadze bench faults / soak, tests/test_reliability_*).
 -- They run only in scratch databases that the suite creates; nothing here is part
--- of the schema migrations.
+-- of the schema migrations. The check of max_running at every commit and the log
+-- of every start are the shared watch (watch.sql).
 
--- name: fault_watch_install
--- The test-only watch. A deferred constraint trigger runs at the commit of every
--- transaction that made a job with a limit_key 'running'. It first takes one
--- transaction-level advisory lock that every such commit takes, so the checks are
--- serialised: when a check gets the lock, the commit before it is visible to its
--- fresh READ COMMITTED snapshot. Running counts only grow at these commits, so
--- checking at each of them sees every moment a key could be over max_running.
--- Every start is also recorded (key, the claim's started_at, commit time) so that
--- the start-rate limits can be checked afterwards over any window.
--- effects: the rows the tasks write inside complete_tx() (one per job, exactly).
+-- name: fault_install
+-- What the fault scenarios add to the watch (watch.sql, installed with it):
+-- effects, the rows the tasks write inside complete_tx() (one per job, exactly).
 CREATE SCHEMA IF NOT EXISTS akadze_fault;
-CREATE TABLE IF NOT EXISTS akadze_fault.violations (
-    key text, running bigint, max_running int, job_id bigint,
-    at timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE TABLE IF NOT EXISTS akadze_fault.starts (
-    key text NOT NULL, started_at timestamptz NOT NULL, committed_at timestamptz NOT NULL,
-    job_id bigint NOT NULL, run_count int NOT NULL
-);
-CREATE INDEX IF NOT EXISTS starts_key_idx ON akadze_fault.starts (key, started_at);
 CREATE TABLE IF NOT EXISTS akadze_fault.effects (
     job_id bigint NOT NULL, run_count int NOT NULL, worker text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS effects_job_idx ON akadze_fault.effects (job_id);
-CREATE OR REPLACE FUNCTION akadze_fault.check_start() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    allowed int;
-    running bigint;
-BEGIN
-    PERFORM pg_advisory_xact_lock(7164829377);
-    INSERT INTO akadze_fault.starts (key, started_at, committed_at, job_id, run_count)
-    VALUES (NEW.limit_key, NEW.started_at, clock_timestamp(), NEW.id, NEW.run_count);
-    SELECT l.max_running INTO allowed FROM akadze.limits l WHERE l.key = NEW.limit_key;
-    IF allowed IS NULL THEN
-        RETURN NULL;
-    END IF;
-    SELECT count(*) INTO running
-    FROM akadze.jobs j WHERE j.state = 'running' AND j.limit_key = NEW.limit_key;
-    IF running > allowed THEN
-        INSERT INTO akadze_fault.violations (key, running, max_running, job_id)
-        VALUES (NEW.limit_key, running, allowed, NEW.id);
-    END IF;
-    RETURN NULL;
-END
-$$;
-DROP TRIGGER IF EXISTS fault_check_start ON akadze.jobs;
-CREATE CONSTRAINT TRIGGER fault_check_start
-    AFTER UPDATE ON akadze.jobs
-    DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW
-    WHEN (NEW.state = 'running' AND OLD.state <> 'running' AND NEW.limit_key IS NOT NULL)
-    EXECUTE FUNCTION akadze_fault.check_start();
 
 -- name: fault_record_effect
 INSERT INTO akadze_fault.effects (job_id, run_count, worker)
@@ -124,31 +80,26 @@ WHERE j.task = 'fault.work' AND x ->> 'error' <> 'WorkerLost'
   AND x ->> 'message' NOT LIKE 'injected failure%%'
 GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 10;
 
--- name: fault_violations
-SELECT count(*), coalesce(max(running - max_running), 0) FROM akadze_fault.violations;
-
--- name: fault_violation_details
-SELECT key, running, max_running, job_id, at FROM akadze_fault.violations ORDER BY at LIMIT 5;
-
 -- name: fault_start_violations
 -- Windows in which a rate-limited key started more jobs than max_starts: for each
--- start, the starts of its key in the window that ends with it. By the claims' own
+-- start the watch recorded (watch.sql), the starts of its key in the window that
+-- ends with it. By the claims' own
 -- clock (started_at, what the claim counts with) and by the moment the starts
 -- became visible (the commit).
 WITH by_clock AS (
     SELECT s.key, s.job_id, s.run_count, l.max_starts, count(*) AS n
-    FROM akadze_fault.starts s
+    FROM akadze_watch.starts s
     JOIN akadze.limits l ON l.key = s.key AND l.max_starts IS NOT NULL
-    JOIN akadze_fault.starts t
+    JOIN akadze_watch.starts t
       ON t.key = s.key AND t.started_at > s.started_at - l."window"
      AND t.started_at <= s.started_at
     GROUP BY s.key, s.job_id, s.run_count, l.max_starts
     HAVING count(*) > l.max_starts
 ), by_commit AS (
     SELECT s.key, s.job_id, s.run_count, l.max_starts, count(*) AS n
-    FROM akadze_fault.starts s
+    FROM akadze_watch.starts s
     JOIN akadze.limits l ON l.key = s.key AND l.max_starts IS NOT NULL
-    JOIN akadze_fault.starts t
+    JOIN akadze_watch.starts t
       ON t.key = s.key AND t.committed_at > s.committed_at - l."window"
      AND t.committed_at <= s.committed_at
     GROUP BY s.key, s.job_id, s.run_count, l.max_starts
@@ -163,9 +114,9 @@ SELECT (SELECT count(*) FROM by_clock), (SELECT coalesce(max(n - max_starts), 0)
 -- committed after its clock.
 WITH worst AS (
     SELECT s.key, s.started_at, count(*) AS n
-    FROM akadze_fault.starts s
+    FROM akadze_watch.starts s
     JOIN akadze.limits l ON l.key = s.key AND l.max_starts IS NOT NULL
-    JOIN akadze_fault.starts t
+    JOIN akadze_watch.starts t
       ON t.key = s.key AND t.started_at > s.started_at - l."window"
      AND t.started_at <= s.started_at
     GROUP BY s.key, s.started_at, l.max_starts
@@ -176,7 +127,7 @@ WITH worst AS (
 SELECT t.key, t.started_at, t.committed_at - t.started_at AS commit_lag, t.job_id, w.n
 FROM worst w
 JOIN akadze.limits l ON l.key = w.key
-JOIN akadze_fault.starts t
+JOIN akadze_watch.starts t
   ON t.key = w.key AND t.started_at > w.started_at - l."window" AND t.started_at <= w.started_at
 ORDER BY t.started_at;
 
