@@ -15,6 +15,8 @@ The rules (CONTRIBUTING.md, docs/explanation/architecture.md):
   and tests are not modules of the package).
 - A private module (``_name.py`` inside a package) is imported only from inside its
   package: the package's ``__init__.py`` is its one door.
+- The harness (``akadze.bench``: benchmarks, fault scenarios, the demo) is imported
+  only by itself and by the CLI: the library never depends on it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pathlib import Path
 
 MAX_LINES = 600
 PACKAGE = "akadze"
+HARNESS = "akadze.bench"
+HARNESS_USERS = ("akadze.bench", "akadze.cli")
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,17 @@ def offences(root: Path) -> list[str]:
                 if name != package and not name.startswith(package + "."):
                     found.append(f"{where(name)}:{line}: imports {target}, a private module "
                                  f"of {package} (import {package} instead)")
+
+    def within(name: str, packages: tuple[str, ...]) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in packages)
+
+    for name in sorted(modules):
+        if within(name, HARNESS_USERS):
+            continue
+        for target, line in sorted(edges[name].items()):
+            if within(target, (HARNESS,)):
+                found.append(f"{where(name)}:{line}: imports {target}: only the CLI and the "
+                             f"harness itself import {HARNESS}")
     return found
 
 

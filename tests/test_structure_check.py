@@ -68,15 +68,15 @@ def test_type_checking_imports_count_and_a_group_is_reported_once(tmp_path: Path
 def test_a_subpackage_and_absolute_imports_are_followed(tmp_path: Path) -> None:
     root = tree(tmp_path, {
         "akadze/claim/__init__.py": "from ._drivers import claim\n",
-        "akadze/claim/_drivers.py": "import akadze.bench.load\nclaim = 1\n",
-        "akadze/bench/__init__.py": "",
-        "akadze/bench/load.py": "from akadze import claim\n",
+        "akadze/claim/_drivers.py": "import akadze.embedded.load\nclaim = 1\n",
+        "akadze/embedded/__init__.py": "",
+        "akadze/embedded/load.py": "from akadze import claim\n",
     })
     code, lines = check(root)
     assert code == 1
     assert lines == [
-        "akadze/bench/load.py:1: import cycle akadze.bench.load -> akadze.claim"
-        " -> akadze.claim._drivers -> akadze.bench.load"]
+        "akadze/claim/__init__.py:1: import cycle akadze.claim -> akadze.claim._drivers"
+        " -> akadze.embedded.load -> akadze.claim"]
 
 
 def test_a_module_over_600_lines_is_reported(tmp_path: Path) -> None:
@@ -100,6 +100,20 @@ def test_a_private_module_is_imported_only_through_its_package(tmp_path: Path) -
     assert check(root) == (1, [
         "akadze/worker.py:2: imports akadze.claim._windows, a private module of akadze.claim"
         " (import akadze.claim instead)"])
+
+
+def test_only_the_cli_and_the_harness_import_the_harness(tmp_path: Path) -> None:
+    root = tree(tmp_path, {
+        "akadze/bench/__init__.py": "",
+        "akadze/bench/demo.py": "from . import queries\n",
+        "akadze/bench/queries.py": "",
+        "akadze/cli/__init__.py": "",
+        "akadze/cli/demo.py": "from ..bench import demo\n",
+        "akadze/worker.py": "import json\n\ndef late():\n    from .bench import demo\n",
+    })
+    assert check(root) == (1, [
+        "akadze/worker.py:4: imports akadze.bench.demo: only the CLI and the harness itself"
+        " import akadze.bench"])
 
 
 def test_a_root_without_the_package_is_bad_usage(tmp_path: Path) -> None:
