@@ -9,22 +9,11 @@ the harness's scratch databases and the test suite's.
 
 from __future__ import annotations
 
-from psycopg import sql
-
 from .. import queries as runtime_queries
 
 harness = runtime_queries.Queries("akadze.bench", "sql", base=runtime_queries.runtime)
 
-
-def text(name: str) -> str:
-    """The SQL text of the named harness query."""
-    return harness.text(name)
-
-
-def get(name: str) -> sql.SQL:
-    """The named harness query as a psycopg ``sql.SQL`` object, ready to execute."""
-    return harness.get(name)
-
-
-def names() -> list[str]:
-    return harness.names()
+# As the runtime's akadze.queries: get(name) (a psycopg sql.SQL), text(name), names().
+get = harness.get
+text = harness.text
+names = harness.names
