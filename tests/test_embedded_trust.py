@@ -17,7 +17,7 @@ from embedded_support import as_root, reachable_dir, temporary_home
 
 from akadze import embedded
 from akadze.embedded._trust import ServerDirectory, others_can_change
-from akadze.embedded.processes import PidFile, Process
+from akadze.embedded.processes import PidFile, Process, tail
 from akadze.errors import EmbeddedServerError
 
 
@@ -176,3 +176,16 @@ def test_a_process_handle_signals_and_waits(pidfd: bool, monkeypatch: pytest.Mon
         child.kill()
         child.communicate()
     assert child.returncode == -signal.SIGTERM
+
+
+def test_a_handle_on_an_ended_process_signals_nothing() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: the pid names no process now
+    with Process(child.pid) as process:
+        assert not process.alive() and process.wait(0)
+        process.signal(signal.SIGTERM)
+
+
+def test_a_log_tail_shows_no_control_characters() -> None:
+    log = "LOG: ok\n\tFATAL: \x1b]0;PWNED\x07 bad\r\n\x1b[2Jlast\n"
+    assert tail(log) == "LOG: ok | FATAL: ?]0;PWNED? bad | ?[2Jlast"

@@ -270,11 +270,13 @@ class EmbeddedServer:
                 self._clear_stale()
                 return False
             with Process(info.pid) as process:
-                # Checked after the handle is taken and while it lives, so the checks
-                # are about the process the handle signals (not a later owner of the pid).
+                # Checked after the handle is taken, and the handle's process still
+                # lives after the checks: so they were about the process it signals,
+                # not about a later owner of the pid.
                 problem = server_problem(info.pid, self.uid, self.data_dir)
-                if problem is None and not process.alive():
-                    problem = "it has just ended"
+                if not process.alive():
+                    self._clear_stale()
+                    return False
                 if problem is not None:
                     raise EmbeddedServerError(
                         f"{self.data_dir / 'postmaster.pid'} names pid {info.pid}, but "

@@ -46,10 +46,10 @@ def _runs_postgres_in(pid: int, directory: os.stat_result) -> str | None:
     """Why ``pid`` is not a ``postgres`` program running in ``directory``, or None."""
     exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
     if os.path.basename(exe) != "postgres":
-        return f"its program is {exe}, not postgres"
+        return f"its program is {exe!r}, not postgres"
     cwd = os.stat(f"/proc/{pid}/cwd")
     if (cwd.st_dev, cwd.st_ino) != (directory.st_dev, directory.st_ino):
-        return f"it runs in {os.readlink(f'/proc/{pid}/cwd')}, not in the data directory"
+        return f"it runs in {os.readlink(f'/proc/{pid}/cwd')!r}, not in the data directory"
     return None
 
 
@@ -93,8 +93,13 @@ class Process:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._fd: int | None = None
-        with contextlib.suppress(AttributeError, OSError):  # no pidfd: old kernel, macOS
+        self._gone = False
+        try:
             self._fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._gone = True
+        except (AttributeError, OSError):  # no pidfd: an old kernel, macOS
+            pass
 
     def __enter__(self) -> Process:
         return self
@@ -105,6 +110,8 @@ class Process:
             self._fd = None
 
     def alive(self) -> bool:
+        if self._gone:
+            return False
         if self._fd is None:
             return pid_alive(self.pid)
         poller = select.poll()
@@ -112,6 +119,8 @@ class Process:
         return not poller.poll(0)  # readable once the process has ended
 
     def signal(self, signum: int) -> None:
+        if self._gone:
+            return
         with contextlib.suppress(ProcessLookupError):  # it has just ended
             if self._fd is None:
                 os.kill(self.pid, signum)
@@ -120,6 +129,8 @@ class Process:
 
     def wait(self, timeout: float) -> bool:
         """Whether the process ended within ``timeout`` seconds."""
+        if self._gone:
+            return True
         if self._fd is not None:
             poller = select.poll()
             poller.register(self._fd, select.POLLIN)
@@ -195,5 +206,9 @@ class PidFile:
 
 
 def tail(text: str, lines: int = 3) -> str:
+    """The last ``lines`` non-blank lines of a program's output or log, on one line, with
+    control characters shown as ``?`` (the text is the server user's: no escape
+    sequence of it reaches the terminal)."""
     kept = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return " | ".join(kept[-lines:]) or "(no output)"
+    shown = " | ".join(kept[-lines:]) or "(no output)"
+    return "".join(ch if ch.isprintable() else "?" for ch in shown.replace("\t", " "))
