@@ -3,12 +3,9 @@ the default port, the ``server_url`` fixture falls back to the embedded server."
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import psycopg
 from conftest import fallback_server_url
+from embedded_support import temporary_home
 
 from akadze import embedded
 
@@ -16,18 +13,13 @@ from akadze import embedded
 def test_a_closed_default_port_falls_back_to_the_embedded_server() -> None:
     closed = f"postgresql://postgres@127.0.0.1:{embedded.free_port()}/postgres"
     assert not embedded.answers(closed)
-    base = Path(tempfile.mkdtemp(prefix="akadze-fallback-", dir="/tmp"))
-    base.chmod(0o755)
-    try:
-        url = fallback_server_url(closed, home=str(base / "home"))
-        assert url != closed and f"host={base}/home/data" in url
+    with temporary_home("akadze-fallback-") as home:
+        url = fallback_server_url(closed, home=str(home))
+        assert url != closed and f"host={home}/data" in url
         with psycopg.connect(url, autocommit=True) as admin:  # an admin URL: can create
             assert admin.execute("SELECT current_database()").fetchone() == ("postgres",)
             assert admin.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
                                  ).fetchone() == (True,)
-    finally:
-        embedded.EmbeddedServer(base / "home").stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_an_answering_default_is_kept(server_url: str) -> None:

@@ -1,8 +1,7 @@
 """The embedded PostgreSQL launcher: init, reuse, stop, crash recovery, users, ports, locks.
 
-Every test gets its own home directory (0755 under /tmp, so that ``nobody`` can reach
-it when the suite runs as root; pytest's own tmp_path sits under a 0700 directory)
-and stops every server it started.
+Every test gets its own home directory (``embedded_support.temporary_home``) and stops
+every server it started.
 """
 
 from __future__ import annotations
@@ -23,29 +22,17 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from embedded_support import as_root, as_user, reachable_dir, temporary_home
 
 from akadze import embedded
 from akadze.database import resolve_url
 from akadze.errors import ConfigurationError, EmbeddedServerError
 
-ROOT = os.geteuid() == 0
-as_root = pytest.mark.skipif(not ROOT, reason="needs root (the server then runs as nobody)")
-
-
-def _reachable_dir(prefix: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    path.chmod(0o755)
-    return path
-
 
 @pytest.fixture
 def home() -> Iterator[Path]:
-    base = _reachable_dir("akadze-emb-")
-    try:
-        yield base / "home"
-    finally:
-        embedded.EmbeddedServer(base / "home").stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with temporary_home() as path:
+        yield path
 
 
 def _wait_dead(pid: int, timeout: float = 10.0) -> None:
@@ -150,7 +137,9 @@ def test_stale_pid_file_naming_a_live_other_process(home: Path) -> None:
     data = server.start().data_dir
     server.stop()
     # A pid file left by a crash, whose pid now belongs to another program (this one).
-    (data / "postmaster.pid").write_text(f"{os.getpid()}\n{data}\n0\n5432\n\n\n\nready\n")
+    stale = f"{os.getpid()}\n{data}\n0\n5432\n\n\n\nready\n"
+    as_user(server.user, "sh", "-c", 'cat > "$1"', "sh", str(data / "postmaster.pid"),
+            input=stale)
     assert not server.status().running
     status = server.start()
     assert status.running and status.pid != os.getpid()
@@ -200,7 +189,7 @@ def _in_child_as(uid: int, gid: int, env: dict[str, str], action: Callable[[], s
 def test_as_a_normal_user() -> None:
     """A process that is not root runs the server as itself (here: nobody)."""
     nobody = pwd.getpwnam("nobody")
-    base = _reachable_dir("akadze-user-")
+    base = reachable_dir("akadze-user-")
     os.chown(base, nobody.pw_uid, nobody.pw_gid)
     env = {"HOME": str(base), "XDG_DATA_HOME": str(base / "xdg")}
 

@@ -23,8 +23,13 @@ the data directory goes to ``/var/lib/akadze/pg16-<hash of the home>`` instead;
 when it cannot reach the wheel's binaries they are copied once to
 ``/var/cache/akadze``. No permission of an existing directory is ever changed.
 
+Under root, the server's user is not trusted (docs/explanation/security.md): root
+uses only directories no other user can change, touches the data directory only
+through descriptors (``_trust``), and signals a pid from ``postmaster.pid`` only
+when that process is this data directory's postmaster run by the server's user.
+
 ``binaries`` finds (and if need be copies) the programs; ``processes`` reads pid
-files, checks postmasters and ports, and holds the launcher lock.
+files, identifies and signals postmasters, checks ports, and holds the launcher lock.
 """
 
 from __future__ import annotations
@@ -45,15 +50,16 @@ from urllib.parse import quote
 import psycopg
 
 from ..errors import EmbeddedServerError
+from ._trust import ServerDirectory, others_can_change
 from .binaries import PG_MAJOR, WHEEL, can_reach, find_binaries, server_binaries
 from .processes import (
     PidFile,
+    Process,
     free_port,
-    is_postgres,
     locked,
     pid_alive,
     port_free,
-    read_from,
+    server_problem,
     tail,
 )
 
@@ -80,6 +86,7 @@ ROOT_DATA_BASE = Path("/var/lib/akadze")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux, 104 on macOS
+LOG_NAME = "akadze-server.log"
 
 # A development and test server: fsync is off, so a crash of the machine (not of
 # PostgreSQL: commits still reach the OS before they return) can lose or corrupt
@@ -98,6 +105,7 @@ logging_collector = off
 log_line_prefix = '%m [%p] '
 """
 
+# pg_hba.conf is written afresh at every start, as akadze.conf is.
 HBA = """\
 # akadze embedded server. The unix socket sits in the data directory (mode 0700),
 # so "trust" there admits only the directory's owner (and root). TCP is
@@ -105,6 +113,11 @@ HBA = """\
 # "password" file.
 local   all   all                   trust
 host    all   all   127.0.0.1/32    scram-sha-256
+"""
+
+INCLUDE = """
+# akadze: tuning, port and addresses (rewritten at every start)
+include_if_exists = 'akadze.conf'
 """
 
 
@@ -120,7 +133,7 @@ class ServerStatus:
 
     @property
     def log_file(self) -> Path:
-        return self.data_dir / "akadze-server.log"
+        return self.data_dir / LOG_NAME
 
 
 # -- the server -----------------------------------------------------------------------
@@ -172,6 +185,9 @@ class EmbeddedServer:
         else:
             self.server_dir = self.home
         self.data_dir = self.server_dir / "data"
+        self._data = ServerDirectory(self.data_dir, self.uid, self.gid)
+        if self._as_other:
+            self._check_root_only()
         socket_path = self.data_dir / ".s.PGSQL.65535"
         if len(str(socket_path).encode()) > MAX_SOCKET_PATH:
             raise EmbeddedServerError(
@@ -181,13 +197,17 @@ class EmbeddedServer:
 
     # -- reading state (no lock) ----------------------------------------------------
 
+    def _pidfile(self) -> PidFile | None:
+        return PidFile.parse(self._data.read("postmaster.pid", limit=4096))
+
+    def _is_server(self, pid: int) -> bool:
+        return pid_alive(pid) and server_problem(pid, self.uid, self.data_dir) is None
+
     def _running_pidfile(self) -> PidFile | None:
-        info = PidFile.read(self.data_dir)
+        info = self._pidfile()
         if info is None or info.status != "ready" or info.port is None:
             return None
-        if not pid_alive(info.pid) or not is_postgres(info.pid):
-            return None
-        return info
+        return info if self._is_server(info.pid) else None
 
     def status(self) -> ServerStatus:
         info = self._running_pidfile()
@@ -237,21 +257,35 @@ class EmbeddedServer:
         return self.status()
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> bool:
-        """Stop the server (fast shutdown). Returns False when it was not running."""
+        """Stop the server (fast shutdown). Returns False when it was not running.
+
+        The pid file's process is signalled only when it is this data directory's
+        postmaster run by the server's user; otherwise EmbeddedServerError says what
+        it is, and nothing is signalled."""
         if not self.home.is_dir():
             return False
         with locked(self.home / "lock"):
-            info = PidFile.read(self.data_dir)
-            if info is None or not pid_alive(info.pid) or not is_postgres(info.pid):
+            info = self._pidfile()
+            if info is None or not pid_alive(info.pid):
                 self._clear_stale()
                 return False
-            os.kill(info.pid, signal.SIGINT)  # fast shutdown: roll back and exit
-            deadline = time.monotonic() + timeout
-            while pid_alive(info.pid):
-                if time.monotonic() > deadline:
-                    os.kill(info.pid, signal.SIGQUIT)  # immediate shutdown
-                    deadline = time.monotonic() + timeout
-                time.sleep(0.01)
+            with Process(info.pid) as process:
+                # Checked after the handle is taken, and the handle's process still
+                # lives after the checks: so they were about the process it signals,
+                # not about a later owner of the pid.
+                problem = server_problem(info.pid, self.uid, self.data_dir)
+                if not process.alive():
+                    self._clear_stale()
+                    return False
+                if problem is not None:
+                    raise EmbeddedServerError(
+                        f"{self.data_dir / 'postmaster.pid'} names pid {info.pid}, but "
+                        f"{problem}: it is not this data directory's server, so nothing "
+                        f"was signalled"
+                    )
+                process.signal(signal.SIGINT)  # fast shutdown: roll back and exit
+                while not process.wait(timeout):
+                    process.signal(signal.SIGQUIT)  # immediate shutdown
             self._clear_stale()
             return True
 
@@ -260,6 +294,21 @@ class EmbeddedServer:
     def _make_home(self) -> None:
         for directory in (self.home, self.server_dir):
             directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if self._as_other:
+            self._check_root_only()  # again: now that they exist, they are what counts
+
+    def _check_root_only(self) -> None:
+        """Root keeps its own files (the password, the lock, the port) in the home and
+        makes the data directory in the server directory by path: refuse either when
+        another user could change it."""
+        for directory in dict.fromkeys([self.home, self.server_dir]):
+            problem = others_can_change(directory)
+            if problem is not None:
+                raise EmbeddedServerError(
+                    f"as root, akadze keeps the embedded server's files only where no other "
+                    f"user can change them, but {problem}; set {ENV_DIR} to a directory "
+                    f"that only root can write"
+                )
 
     def _run(self, args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         """Run a PostgreSQL program as the server user, with a clean environment."""
@@ -289,16 +338,8 @@ class EmbeddedServer:
             self._binaries = bin_dir
         return str(self._binaries / program)
 
-    def _give(self, path: Path, mode: int) -> None:
-        os.chmod(path, mode)
-        if self._as_other:
-            os.chown(path, self.uid, self.gid)
-
     def _check_version(self) -> None:
-        try:
-            found = (self.data_dir / "PG_VERSION").read_text().strip()
-        except FileNotFoundError:
-            found = str(PG_MAJOR)
+        found = (self._data.read("PG_VERSION", limit=64) or str(PG_MAJOR)).strip()
         if found != str(PG_MAJOR):
             raise EmbeddedServerError(
                 f"the embedded data directory {self.data_dir} was created by PostgreSQL "
@@ -315,10 +356,9 @@ class EmbeddedServer:
     def _initdb(self) -> None:
         """initdb into a staging directory renamed into place once complete, so that a
         ``data`` directory is always a whole one."""
-        staging = self.server_dir / "data.init"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(mode=0o700)
-        self._give(staging, 0o700)
+        staging_dir = self.server_dir / "data.init"
+        shutil.rmtree(staging_dir, ignore_errors=True)  # fd-based: follows no link
+        staging = ServerDirectory.create(staging_dir, self.uid, self.gid)
         password = secrets.token_urlsafe(24)
         password_file = self.home / "password"
         fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -326,51 +366,52 @@ class EmbeddedServer:
             f.write(password + "\n")
         os.chmod(password_file, 0o600)
         pwfile = self.server_dir / f".pwfile-{secrets.token_hex(6)}"
-        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             with os.fdopen(fd, "w") as f:
+                if self._as_other:
+                    os.fchown(f.fileno(), self.uid, self.gid)
                 f.write(password + "\n")
-            self._give(pwfile, 0o600)
             result = self._run([
-                self._bin("initdb"), "-D", str(staging), "-U", SUPERUSER,
+                self._bin("initdb"), "-D", str(staging_dir), "-U", SUPERUSER,
                 f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256",
                 "--encoding=UTF8", "--no-locale", "--no-sync", "--no-instructions",
             ])
         finally:
             pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(staging_dir, ignore_errors=True)
             raise EmbeddedServerError(
-                f"initdb failed in {staging}: {tail(result.stderr or result.stdout)}"
+                f"initdb failed in {staging_dir}: {tail(result.stderr or result.stdout)}"
             )
-        (staging / "pg_hba.conf").write_text(HBA)
-        with (staging / "postgresql.conf").open("a") as f:
-            f.write("\n# akadze: tuning, port and addresses (rewritten at every start)\n")
-            f.write("include_if_exists = 'akadze.conf'\n")
-        os.rename(staging, self.data_dir)
+        conf = staging.read("postgresql.conf") or ""
+        staging.write("postgresql.conf", conf + INCLUDE)
+        os.rename(staging_dir, self.data_dir)
 
     def _write_conf(self, port: int) -> None:
+        """Write akadze.conf and pg_hba.conf afresh, as new files of the server's user
+        (whatever the names were before, links included, is replaced, not followed)."""
         socket_dir = str(self.data_dir).replace("'", "''")
-        conf = self.data_dir / "akadze.conf"
-        conf.write_text(
+        self._data.write(
+            "akadze.conf",
             TUNING
             + "listen_addresses = '127.0.0.1'\n"
             + f"port = {port}\n"
-            + f"unix_socket_directories = '{socket_dir}'\n"
+            + f"unix_socket_directories = '{socket_dir}'\n",
         )
-        self._give(conf, 0o600)
-        self._give(self.data_dir / "pg_hba.conf", 0o600)
+        self._data.write("pg_hba.conf", HBA)
 
     def _clear_stale(self) -> None:
         """Remove the pid and socket lock files of a postmaster that is gone (killed,
         or a crash). PostgreSQL itself would refuse them when their pid is a zombie or
         was reused by another process."""
-        info = PidFile.read(self.data_dir)
-        if info is not None and pid_alive(info.pid) and is_postgres(info.pid):
+        info = self._pidfile()
+        if info is not None and self._is_server(info.pid):
             return
-        (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
-        for leftover in self.data_dir.glob(".s.PGSQL.*"):
-            leftover.unlink(missing_ok=True)
+        self._data.remove("postmaster.pid")
+        for name in self._data.names():
+            if name.startswith(".s.PGSQL."):
+                self._data.remove(name)
 
     def _choose_port(self) -> int:
         try:
@@ -380,29 +421,29 @@ class EmbeddedServer:
         return last if 0 < last < 65536 and port_free(last) else free_port()
 
     def _startlocked(self) -> None:
-        info = PidFile.read(self.data_dir)
+        info = self._pidfile()
         # A postmaster starting up or shutting down under another launcher (not ours:
         # we hold the lock), for example one started by hand: wait for it to settle.
-        alive = info is not None and pid_alive(info.pid) and is_postgres(info.pid)
-        if alive and self._wait(None) is not None:
+        alive = info is not None and self._is_server(info.pid)
+        if alive and self._wait(False) is not None:
             return
         self._clear_stale()
         last_error = ""
         for _ in range(3):  # a port taken between the check and the bind: pick another
             port = self._choose_port()
             self._write_conf(port)
-            log = self.data_dir / "akadze-server.log"
-            offset = log.stat().st_size if log.exists() else 0
+            offset = self._data.size(LOG_NAME)
+            log = str(self.data_dir / LOG_NAME)  # opened by pg_ctl, as the server's user
             result = self._run(
-                [self._bin("pg_ctl"), "start", "-s", "-D", str(self.data_dir), "-l", str(log)],
+                [self._bin("pg_ctl"), "start", "-s", "-D", str(self.data_dir), "-l", log],
                 start_new_session=True,
             )
             # pg_ctl exits non-zero when the postmaster died at once (a taken port).
-            ready = self._wait(log, offset) if result.returncode == 0 else None
+            ready = self._wait(True, offset) if result.returncode == 0 else None
             if ready is not None:
                 (self.home / "port").write_text(f"{ready.port}\n")
                 return
-            last_error = read_from(log, offset) or result.stderr
+            last_error = self._data.read(LOG_NAME, offset=offset) or result.stderr
             self._clear_stale()
             if "could not bind" not in last_error and "could not create" not in last_error:
                 break
@@ -410,23 +451,24 @@ class EmbeddedServer:
             f"the embedded server in {self.data_dir} did not start: {tail(last_error)}"
         )
 
-    def _wait(self, log: Path | None, offset: int = 0) -> PidFile | None:
-        """Poll until the postmaster is ready (its pid file says so), has failed (a
-        FATAL in the log, or its process is gone) or the deadline passed."""
+    def _wait(self, watch_log: bool, offset: int = 0) -> PidFile | None:
+        """Poll until the postmaster is ready (its pid file says so, and it is this
+        directory's server), has failed (a FATAL in the log from ``offset`` on, or its
+        process is gone) or the deadline passed."""
         deadline = time.monotonic() + START_TIMEOUT
         seen_pid = False
         while time.monotonic() < deadline:
-            info = PidFile.read(self.data_dir)
+            info = self._pidfile()
             if info is not None:
                 seen_pid = True
                 if not pid_alive(info.pid):
                     return None
-                if info.status == "ready":
+                if info.status == "ready" and self._is_server(info.pid):
                     return info
             elif seen_pid:
                 return None  # the postmaster removed its pid file: it exited
-            if log is not None and info is None:
-                text = read_from(log, offset)
+            if watch_log and info is None:
+                text = self._data.read(LOG_NAME, offset=offset) or ""
                 if "FATAL:" in text or "PANIC:" in text:
                     return None
             time.sleep(0.005)

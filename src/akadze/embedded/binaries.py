@@ -9,7 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, EmbeddedServerError
+from ._trust import others_can_change
 from .processes import locked
 
 PG_MAJOR = 16
@@ -83,9 +84,17 @@ def server_binaries(
     digest = hashlib.sha256(str(install.resolve()).encode())
     digest.update(str((bin_dir / "postgres").stat().st_mtime_ns).encode())
     target = cache_base / f"pg{PG_MAJOR}-{digest.hexdigest()[:12]}"
+    # Root copies into the cache by path and the server's user runs what is there: only
+    # a cache no other user can change will do.
+    cache_base.mkdir(parents=True, exist_ok=True, mode=0o755)
+    problem = others_can_change(target)
+    if problem is not None:
+        raise EmbeddedServerError(
+            f"the embedded server's programs are copied to {cache_base} for the server's "
+            f"user, but {problem}; make it a directory that only root can write"
+        )
     if (target / relative / "bin" / "postgres").is_file():
         return target / relative / "bin"
-    cache_base.mkdir(parents=True, exist_ok=True, mode=0o755)
     with locked(cache_base / ".lock"):
         if not (target / relative / "bin" / "postgres").is_file():
             staging = target.with_name(target.name + f".tmp{os.getpid()}")
