@@ -16,7 +16,7 @@ import os
 
 from .. import queries
 from ..app import Akadze
-from ..runs import current
+from ..worker import current
 
 QUEUE = "faults"
 TASK = "fault.work"
