@@ -80,8 +80,9 @@ class ClaimLoop:
         """Hand ``jobs`` (just claimed) to the runner, and say so."""
         for job in jobs:
             self._start(self.queue, job)
-        if jobs:
-            self._state.events.emit("claimed", queue=self.queue, job_ids=[j.id for j in jobs])
+        events = self._state.events
+        if jobs and events.wanted:
+            events.emit("claimed", queue=self.queue, job_ids=[job.id for job in jobs])
 
     def _blocked(self) -> bool:
         return self._slots.busy >= self._settings.slots or self._state.fenced or self._backlogged()
