@@ -137,3 +137,53 @@ def test_outcome_arguments_are_checked_when_raised() -> None:
         Snooze("later")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         Retry(delay="1s")  # type: ignore[arg-type]
+
+
+_ENDINGS = st.one_of(
+    st.tuples(st.just("returned"), st.one_of(
+        st.none(), st.integers(), st.text(), st.lists(st.integers(), max_size=3),
+        st.just(object()), st.just(math.nan))),
+    st.tuples(st.just("raised"), st.one_of(
+        st.builds(Retry, st.one_of(st.none(), st.floats(min_value=-1e9, max_value=1e12)),
+                  st.text(max_size=20)),
+        st.builds(Snooze, st.floats(min_value=-1e9, max_value=1e12)),
+        st.builds(Fail, st.text(max_size=20)),
+        st.builds(Cancel, st.text(max_size=20)),
+        st.builds(ValueError, st.text(max_size=20)),
+    )),
+    st.tuples(st.just("timed out"), st.floats(min_value=0.001, max_value=1e6)),
+)
+
+YEAR = 365 * 24 * 3600.0
+
+
+@given(_ENDINGS, st.integers(min_value=1, max_value=50), st.integers(min_value=1, max_value=50),
+       st.floats(min_value=0, max_value=1))
+def test_every_decision_is_a_consistent_row_change(
+    ending: tuple[str, object], attempt: int, max_attempts: int, draw: float
+) -> None:
+    how, value = ending
+    exc = value if how == "raised" else None
+    result = value if how == "returned" else None
+    timeout = value if how == "timed out" else None
+    assert exc is None or isinstance(exc, BaseException)
+    assert timeout is None or isinstance(timeout, float)
+    finish, _ = decide(job(attempt, max_attempts), exc, result, at=AT, draw=draw,
+                       timeout=timeout)
+    # Only a snooze refunds the attempt; only a run that goes on has a delay.
+    assert (finish.attempt_delta == -1) == (finish.kind == SNOOZED)
+    assert (finish.state == JobState.QUEUED) == (finish.delay is not None)
+    if finish.delay is not None:
+        assert 0 <= finish.delay <= YEAR
+    # A retry-like end fails exactly when the attempts are used up.
+    if finish.kind in (RETRIED, FAILED) and not isinstance(exc, Fail):
+        assert (finish.kind == FAILED) == (attempt >= max_attempts)
+    if isinstance(exc, Cancel):
+        assert finish.kind == CANCELLED
+    # An error entry records the attempt; only successes and snoozes have none.
+    if finish.kind in (SUCCEEDED, SNOOZED):
+        assert finish.error is None
+    else:
+        assert json.loads(finish.error or "")["attempt"] == attempt
+    if finish.kind == SUCCEEDED:
+        assert finish.result is None or json.loads(finish.result) == result

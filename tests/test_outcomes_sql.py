@@ -11,6 +11,7 @@ from test_worker_support import insert_job, job
 
 from akadze import outcomes
 from akadze.jobs import ClaimedJob, JobState
+from akadze.worker._finishes import write
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -38,19 +39,19 @@ async def test_a_stale_finish_is_discarded_and_the_live_one_is_kept(
     live = running(conn, job_id)
     assert live.run_count == stale.run_count + 1
 
-    accepted = await outcomes.write(aconn, [outcomes.Finish(
+    accepted = await write(aconn, [outcomes.Finish(
         stale, outcomes.SUCCEEDED, JobState.SUCCEEDED, result='"stale"')])
     assert accepted == set()
     assert job(conn, job_id)["state"] == "running"
 
-    accepted = await outcomes.write(aconn, [outcomes.Finish(
+    accepted = await write(aconn, [outcomes.Finish(
         live, outcomes.SUCCEEDED, JobState.SUCCEEDED, result='"live"')])
     assert accepted == {job_id}
     row = job(conn, job_id)
     assert (row["state"], row["result"]) == ("succeeded", "live")
 
     # A repeat of the same finish (a retried write) changes nothing.
-    assert await outcomes.write(aconn, [outcomes.Finish(
+    assert await write(aconn, [outcomes.Finish(
         live, outcomes.FAILED, JobState.FAILED)]) == set()
     assert job(conn, job_id)["state"] == "succeeded"
 
@@ -70,7 +71,7 @@ async def test_one_statement_writes_every_kind_of_finish(
         outcomes.given_back(jobs[3]),
         outcomes.Finish(jobs[4], outcomes.CANCELLED, JobState.CANCELLED),
     ]
-    assert await outcomes.write(aconn, batch) == set(ids)
+    assert await write(aconn, batch) == set(ids)
     rows = [job(conn, i) for i in ids]
     assert [r["state"] for r in rows] == ["succeeded", "queued", "queued", "queued", "cancelled"]
     assert [r["attempt"] for r in rows] == [1, 1, 0, 0, 1]

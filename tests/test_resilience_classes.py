@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from akadze.resilience import is_transient
+from akadze.worker import is_transient
 
 
 @pytest.mark.parametrize(

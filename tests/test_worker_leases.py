@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import eventually, insert_job, job, wait_event, wait_state
+from test_worker_support import Events, eventually, insert_job, job, wait_event, wait_state
 
 from akadze import Akadze, Worker, current
 
@@ -86,15 +86,18 @@ async def test_a_worker_that_cannot_renew_its_lease_gives_its_jobs_back(
 
     job_id = insert_job(conn, "t")
     blocker = psycopg.connect(database_url)
+    events = Events()
     try:
-        async with Worker(app, lease=1.0, poll_interval=0.05) as worker:
+        async with Worker(app, lease=1.0, poll_interval=0.05, on_event=events):
             await wait_event(started)
             # The worker's heartbeats now block until the lock is released.
             blocker.execute("LOCK TABLE akadze.workers IN ACCESS EXCLUSIVE MODE")
             await wait_event(interrupted, 5)
             row = await wait_state(conn, job_id, "queued")
             assert (row["attempt"], row["run_count"]) == (0, 1)  # given back, not spent
-            assert worker._fenced
+            fenced = events.find("fenced")  # and not renewed since:
+            assert fenced is not None and events.find("lease_renewed", after=fenced) is None
+            assert events.seen[fenced].job_ids == (job_id,)
             await asyncio.sleep(0.2)
             assert job(conn, job_id)["state"] == "queued"  # not claimed while fenced
             blocker.rollback()

@@ -266,7 +266,7 @@ async def test_a_worker_claims_only_the_tasks_it_registered(
 
 
 def test_worker_settings_are_checked(app: Akadze) -> None:
-    from akadze.errors import ConfigurationError
+    from akadze.errors import ConfigurationError, EnqueueError
 
     with pytest.raises(ConfigurationError, match="no tasks"):
         Worker(app)
@@ -279,6 +279,14 @@ def test_worker_settings_are_checked(app: Akadze) -> None:
         Worker(app, slots=0)
     with pytest.raises(ConfigurationError, match="queues"):
         Worker(app, queues=[])
+    # A task name the app does not have is a configuration mistake, not an enqueue one.
+    with pytest.raises(ConfigurationError, match="no task named 'nope'") as refused:
+        Worker(app, tasks=["t", "nope"])
+    assert not isinstance(refused.value, EnqueueError)
+    with pytest.raises(ConfigurationError, match="collection of task names"):
+        Worker(app, tasks="t")
+    with pytest.raises(ConfigurationError, match="on_event"):
+        Worker(app, on_event="print")  # type: ignore[arg-type]
     assert Worker(app).queues == ["default"]
 
 

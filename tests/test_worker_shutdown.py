@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from test_worker_support import eventually, insert_job, job, wait_event
+from test_worker_support import Events, eventually, insert_job, job, wait_event
 
 from akadze import Akadze, Worker
+from akadze.worker._state import wait_for
 
 
 async def test_a_graceful_stop_lets_running_jobs_finish(
@@ -181,9 +182,10 @@ async def test_run_installs_signal_handlers_when_asked(
     async def t() -> None:
         return None
 
-    worker = Worker(app, poll_interval=0.05)
+    events = Events()
+    worker = Worker(app, poll_interval=0.05, on_event=events)
     runner = asyncio.create_task(worker.run(install_signal_handlers=True))
-    await eventually(lambda: worker._ready.is_set())
+    await events.next("ready")
     os.kill(os.getpid(), signal.SIGTERM)
     await asyncio.wait_for(runner, 10)
     assert current_loop_has_no_handler()
@@ -194,25 +196,21 @@ def current_loop_has_no_handler() -> bool:
     return not loop.remove_signal_handler(signal.SIGTERM)
 
 
-async def test_a_background_wait_ends_when_cancelled_as_its_event_fires(app: Akadze) -> None:
-    # The worker's background loops wait on events with a timeout and are ended by
-    # cancellation. On Python 3.11, asyncio.wait_for lost a cancellation that came
-    # as the awaited event fired (CPython gh-86296): the loop went on and the
-    # worker's shutdown waited for it forever (seen as a rare hang of a worker
-    # refusing a database without the schema). Here the event fires and the
-    # cancellation comes in the same turn of the event loop.
-    @app.task("t")
-    async def t() -> None:
-        return None
-
-    worker = Worker(app)
+async def test_a_background_wait_ends_when_cancelled_as_its_event_fires() -> None:
+    # The worker's background loops wait on events with a timeout (the worker
+    # package's own wait_for) and are ended by cancellation. On Python 3.11,
+    # asyncio.wait_for lost a cancellation that came as the awaited event fired
+    # (CPython gh-86296): the loop went on and the worker's shutdown waited for it
+    # forever (seen as a rare hang of a worker refusing a database without the
+    # schema). Here the event fires and the cancellation comes in the same turn of
+    # the event loop.
     event = asyncio.Event()
     rounds = 0
 
     async def background_loop() -> None:
         nonlocal rounds
         while True:
-            await worker._wait(event, 10.0)
+            await wait_for(event, 10.0)
             event.clear()
             rounds += 1
 

@@ -15,6 +15,8 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from akadze.worker import EventKind, WorkerEvent
+
 DEADLINE = 15.0
 
 
@@ -87,3 +89,45 @@ async def wait_event(event: asyncio.Event | Any, within: float = DEADLINE) -> No
         return
     ok = await asyncio.to_thread(event.wait, within)
     assert ok, "timed out waiting for an event"
+
+
+class Events:
+    """A worker's events, recorded: pass ``on_event=events`` to the Worker, then
+    ``await events.next("idle", queue="default")``."""
+
+    def __init__(self) -> None:
+        self.seen: list[WorkerEvent] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, event: WorkerEvent) -> None:
+        self.seen.append(event)
+        self._changed.set()
+
+    def kinds(self) -> list[str]:
+        return [event.kind for event in self.seen]
+
+    def find(self, kind: EventKind, *, queue: str | None = None, after: int = -1) -> int | None:
+        """The index of the first such event after index ``after``, if any."""
+        for index in range(after + 1, len(self.seen)):
+            event = self.seen[index]
+            if event.kind == kind and (queue is None or event.queue == queue):
+                return index
+        return None
+
+    async def next(self, kind: EventKind, *, queue: str | None = None, after: int = -1,
+                   within: float = DEADLINE) -> int:
+        """Wait for an event of ``kind`` (of ``queue``) after index ``after``; its index."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while (found := self.find(kind, queue=queue, after=after)) is None:
+            self._changed.clear()
+            left = deadline - loop.time()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(left):
+                    await self._changed.wait()
+            except TimeoutError:
+                raise AssertionError(
+                    f"timed out waiting for a {kind!r} event; seen {self.kinds()}") from None
+        return found

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from test_worker_support import eventually, insert_job, wait_state
+from test_worker_support import Events, eventually, insert_job, wait_state
 
 from akadze import Akadze, Worker, pause_queue_sync, resume_queue_sync, retry_now_sync
 
@@ -19,9 +19,12 @@ def listeners(conn: psycopg.Connection[Any]) -> list[int]:
         "AND application_name = 'akadze-worker-listen'")]
 
 
-def idle(worker: Worker, queue: Any) -> bool:
-    return bool(queue.last_claim > 0 and not queue.wake.is_set()
-                and worker._listener is not None and worker._listener.listening)
+async def idle(events: Events, queue: str = "default") -> None:
+    """Until the worker listens, and a claim of ``queue`` made after the wake-up of
+    the listener's start has found nothing and waits (for a notification or its
+    next poll)."""
+    listening = await events.next("listening")
+    await events.next("idle", queue=queue, after=listening)
 
 
 async def test_an_idle_worker_starts_a_new_job_on_notification(
@@ -34,8 +37,9 @@ async def test_an_idle_worker_starts_a_new_job_on_notification(
         started.append(time.monotonic())
 
     # Polling every minute: only the notification can start the job quickly.
-    async with Worker(app, poll_interval=60) as worker:
-        assert worker._listener is not None and worker._listener.listening
+    events = Events()
+    async with Worker(app, poll_interval=60, on_event=events):
+        assert "listening" in events.kinds()
         delays = []
         for _ in range(5):
             committed = time.monotonic()
@@ -65,11 +69,13 @@ async def test_the_listener_comes_back_after_its_connection_is_killed(
     async def t() -> None:
         return None
 
-    async with Worker(app, poll_interval=60) as worker:
+    events = Events()
+    async with Worker(app, poll_interval=60, on_event=events):
+        first = await events.next("listening")
         (old,) = await eventually(lambda: listeners(conn))
         conn.execute("SELECT pg_terminate_backend(%s)", (old,))
-        await eventually(lambda: (pids := listeners(conn)) and pids != [old]
-                         and worker._listener is not None and worker._listener.listening)
+        await events.next("listening", after=first)
+        await eventually(lambda: (pids := listeners(conn)) and pids != [old])
         job_id = insert_job(conn, "t")
         await wait_state(conn, job_id, "succeeded", within=5)
 
@@ -101,12 +107,12 @@ async def test_resuming_a_queue_wakes_an_idle_worker(
     pause_queue_sync(conn, "default")
     job_id = insert_job(conn, "t")
     # Polling every minute: only a notification can start the job within seconds.
-    async with Worker(app, poll_interval=60) as worker:
-        queue = worker._queues["default"]
+    events = Events()
+    async with Worker(app, poll_interval=60, on_event=events):
         # A claim has found the queue paused, the worker listens, and no wake-up
         # is pending (the one of the listener's start has been served): the
         # queue waits for a notification or its next poll.
-        await eventually(lambda: idle(worker, queue))
+        await idle(events)
         assert conn.execute("SELECT state::text FROM akadze.jobs WHERE id = %s",
                             (job_id,)).fetchone() == ("queued",)
         assert resume_queue_sync(conn, "default")
@@ -121,8 +127,8 @@ async def test_retry_now_wakes_an_idle_worker(
         return None
 
     job_id = insert_job(conn, "t", run_at=datetime.now(UTC) + timedelta(hours=1))
-    async with Worker(app, poll_interval=60) as worker:
-        queue = worker._queues["default"]
-        await eventually(lambda: idle(worker, queue))
+    events = Events()
+    async with Worker(app, poll_interval=60, on_event=events):
+        await idle(events)
         assert retry_now_sync(conn, job_id)
         await wait_state(conn, job_id, "succeeded", within=5)

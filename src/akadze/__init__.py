@@ -59,8 +59,7 @@ __all__ = [
 from .cancellation import request_cancel, request_cancel_sync
 from .errors import JobLost, WorkerError
 from .outcomes import Cancel, Fail, Retry, Snooze, TaskOutcome
-from .runs import RunContext, current
-from .worker import Worker
+from .worker import RunContext, Worker, current
 
 __all__ += [
     "Cancel",

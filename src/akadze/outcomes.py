@@ -13,26 +13,23 @@ A task ends in one of these ways:
 - anything else (another exception, a timeout, a result that is not JSON) is an
   error: like ``Retry()`` with the error recorded.
 
-:func:`decide` turns one run's end into a :class:`Finish`, the change to write. It
-does no I/O: the worker writes many finishes per statement (see ``worker.sql``).
+:func:`decide` turns one run's end into a :class:`Finish`, the change to write.
+Nothing here does I/O (plain data in, plain data out): the worker writes many
+finishes per statement (``akadze.worker._finishes``, ``worker.sql``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
-
-from . import backoff, queries
+from . import backoff
 from .database import mask_password
 from .errors import AkadzeError
-from .hooks import call_transition_hooks
 from .jobs import ClaimedJob, JobState
 
 #: How much of a message and of a traceback is kept in the job's ``errors``.
@@ -260,105 +257,3 @@ def given_back(job: ClaimedJob) -> Finish:
     """A run handed back unfinished (shutdown, self-fencing): queued again, keeping its
     place (run_at) and its attempt."""
     return Finish(job, GIVEN_BACK, JobState.QUEUED, attempt_delta=-1)
-
-
-# -- writing finishes -----------------------------------------------------------------
-
-logger = logging.getLogger("akadze.worker")
-
-
-def _int_array(values: Sequence[int]) -> str:
-    """A PostgreSQL array literal of integers (much cheaper to send than a list that
-    psycopg dumps element by element)."""
-    return "{" + ",".join(map(str, values)) + "}"
-
-
-def _float_array(values: Sequence[float | None]) -> str:
-    return "{" + ",".join("NULL" if v is None else repr(float(v)) for v in values) + "}"
-
-
-def _text_array(values: Sequence[str | None]) -> list[str | None] | str:
-    # unnest() pads shorter arrays with NULLs: an all-NULL column is sent empty.
-    return list(values) if any(v is not None for v in values) else "{}"
-
-
-def finish_params(batch: Sequence[Finish], now: datetime | None) -> dict[str, Any]:
-    """The array parameters of ``finish_jobs`` for ``batch``."""
-    return {
-        "ids": _int_array([f.job.id for f in batch]),
-        "run_counts": _int_array([f.job.run_count for f in batch]),
-        # state names are fixed identifiers: safe in a literal
-        "states": "{" + ",".join(f.state.value for f in batch) + "}",
-        "attempt_deltas": _int_array([f.attempt_delta for f in batch]),
-        "delays": _float_array([f.delay for f in batch]),
-        "results": _text_array([f.result for f in batch]),
-        "errors": _text_array([f.error for f in batch]),
-        "now": now,
-    }
-
-
-async def _execute_finish(
-    conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish], now: datetime | None
-) -> set[int]:
-    # Never prepared: a generic plan cannot see how many rows unnest() yields and
-    # was measured at 130 ms instead of 8 ms for 1 000 rows among 100 000 (custom
-    # plans cost ~0.3 ms of planning).
-    if not batch:
-        return set()
-    if all(f.state is JobState.SUCCEEDED for f in batch):
-        params: dict[str, Any] = {
-            "ids": _int_array([f.job.id for f in batch]),
-            "run_counts": _int_array([f.job.run_count for f in batch]),
-            "results": _text_array([f.result for f in batch]),
-            "now": now,
-        }
-        cur = await conn.execute(queries.get("finish_succeeded"), params, prepare=False)
-    else:
-        cur = await conn.execute(
-            queries.get("finish_jobs"), finish_params(batch, now), prepare=False)
-    return {int(str(row[0])) for row in await cur.fetchall()}
-
-
-async def write(
-    conn: psycopg.AsyncConnection[Any],
-    batch: Sequence[Finish],
-    *,
-    hooks: Sequence[Callable[..., Any]] = (),
-    now: datetime | None = None,
-) -> set[int]:
-    """Write ``batch`` in one statement; return the ids whose fence held (the others
-    were no longer this run's and changed nothing).
-
-    With on_transition hooks, the statement and the hooks share one transaction;
-    each hook runs in a savepoint: a hook that raises is logged and its own writes
-    are rolled back, and the change itself still happens (a job must not stay
-    running because a hook fails).
-    """
-    if not batch:
-        return set()
-    plain = [f for f in batch if f.state is JobState.SUCCEEDED]
-    other = [f for f in batch if f.state is not JobState.SUCCEEDED]
-    if not hooks and not (plain and other):
-        # One kind only: one statement in its own (autocommit) transaction.
-        return await _execute_finish(conn, plain or other, now)
-    async with conn.transaction():
-        accepted = await _execute_finish(conn, plain, now)
-        accepted |= await _execute_finish(conn, other, now)
-        for finish in batch:
-            if finish.job.id not in accepted:
-                continue
-            for hook in hooks:
-                try:
-                    async with conn.transaction():
-                        await call_transition_hooks(
-                            [hook], conn, finish.job, "running", finish.state.value
-                        )
-                except psycopg.OperationalError:
-                    raise
-                except Exception as exc:
-                    logger.error(
-                        "on_transition hook %s failed for job %d (running -> %s): %s",
-                        getattr(hook, "__name__", hook), finish.job.id, finish.state.value,
-                        exc, extra={"job_id": finish.job.id}, exc_info=exc,
-                    )
-    return accepted

@@ -15,7 +15,7 @@ import asyncio
 import os
 
 from ..app import Akadze
-from ..runs import current
+from ..worker import current
 from . import queries
 
 QUEUE = "faults"

@@ -1,6 +1,5 @@
--- Queries of the worker runtime (akadze.worker, akadze.leases, akadze.maintenance,
--- akadze.cancellation). %(now)s is the injectable clock: NULL means the database's
--- now(), the normal case.
+-- Queries of the worker runtime (the akadze.worker package and akadze.cancellation).
+-- %(now)s is the injectable clock: NULL means the database's now(), the normal case.
 
 -- name: worker_heartbeat
 -- Register or refresh this worker's lease. An upsert, so a worker whose row was

@@ -1,9 +1,14 @@
-"""The running job as a task sees it: ``akadze.current()`` and ``complete_tx()``."""
+"""The running job as a task sees it: ``akadze.current()`` and ``complete_tx()``.
+
+``complete_tx()`` works in async tasks (``async with``) and plain ones (``with``):
+both run the same steps (:func:`_commit_steps`, a generator of what to do), each
+through a driver of a few lines that does the I/O its way.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -11,17 +16,19 @@ from contextlib import (
     contextmanager,
 )
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol
 
 import psycopg
+from psycopg import sql
 
-from . import queries
-from .errors import AkadzeError, JobLost
-from .hooks import call_transition_hooks, call_transition_hooks_sync
-from .jobs import ClaimedJob, JobState
-from .outcomes import to_json
+from .. import queries
+from ..errors import AkadzeError, JobLost
+from ..hooks import call_transition_hooks, call_transition_hooks_sync
+from ..jobs import ClaimedJob, JobState
+from ..outcomes import to_json
 
 logger = logging.getLogger("akadze.worker")
 
@@ -32,7 +39,7 @@ class Runtime(Protocol):
     """What a run needs from the worker that started it."""
 
     @property
-    def app(self) -> Any: ...
+    def transition_hooks(self) -> Sequence[Callable[..., Any]]: ...
 
     def sql_now(self) -> datetime | None: ...
 
@@ -52,6 +59,12 @@ def current() -> RunContext:
         raise AkadzeError(
             "akadze.current() is only available inside a task run by an akadze worker"
         ) from None
+
+
+def set_current(run: RunContext) -> None:
+    """Make ``run`` what :func:`current` returns in the calling task (and in the
+    threads it hands its context to)."""
+    _current.set(run)
 
 
 class RunContext:
@@ -126,6 +139,74 @@ def _fence_failed(run: RunContext) -> JobLost:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Fetch:
+    """Run a statement; the reply is its first row (or None)."""
+
+    query: sql.SQL
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Transition:
+    """Call the on_transition hooks for ``job`` going ``old`` -> ``new``; no reply."""
+
+    job: ClaimedJob
+    old: str
+    new: str
+
+
+_Step = _Fetch | _Transition
+
+
+def _commit_steps(run: RunContext, result: str | None) -> Generator[_Step, Any, None]:
+    """What complete_tx does after the task's block, inside its transaction: the
+    fenced move to succeeded, then the transition hooks. Raises JobLost (so that
+    the transaction rolls back) when the fence fails."""
+    row = yield _Fetch(queries.get("finish_one"), {
+        "id": run.id, "run_count": run.run_count, "result": result,
+        "now": run._runtime.sql_now(),
+    })
+    if row is None:
+        raise _fence_failed(run)
+    yield _Transition(run.job, JobState.RUNNING.value, JobState.SUCCEEDED.value)
+
+
+async def _drive_async(
+    conn: psycopg.AsyncConnection[Any], steps: Generator[_Step, Any, None],
+    hooks: Sequence[Callable[..., Any]],
+) -> None:
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration:
+            return
+        if isinstance(step, _Fetch):
+            cur = await conn.execute(step.query, step.params)
+            reply = await cur.fetchone()
+        else:
+            await call_transition_hooks(hooks, conn, step.job, step.old, step.new)
+            reply = None
+
+
+def _drive_sync(
+    conn: psycopg.Connection[Any], steps: Generator[_Step, Any, None],
+    hooks: Sequence[Callable[..., Any]],
+) -> None:
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration:
+            return
+        if isinstance(step, _Fetch):
+            reply = conn.execute(step.query, step.params).fetchone()
+        else:
+            call_transition_hooks_sync(hooks, conn, step.job, step.old, step.new)
+            reply = None
+
+
 class CompleteTx:
     """The context manager returned by :meth:`RunContext.complete_tx` (async and sync)."""
 
@@ -135,17 +216,13 @@ class CompleteTx:
         self._async_cm: AbstractAsyncContextManager[psycopg.AsyncConnection[Any]] | None = None
         self._sync_cm: AbstractContextManager[psycopg.Connection[Any]] | None = None
 
-    def _params(self) -> dict[str, Any]:
-        return {
-            "id": self._run.id,
-            "run_count": self._run.run_count,
-            "result": self._result,
-            "now": self._run._runtime.sql_now(),
-        }
-
     def _check_usable(self) -> None:
         if self._run.completed:
             raise AkadzeError(f"job {self._run.id} was already completed by complete_tx()")
+
+    def _ended(self, exc: BaseException | None) -> None:
+        if exc is None:
+            self._run.completed = True
 
     # -- async ---------------------------------------------------------------------
 
@@ -158,13 +235,8 @@ class CompleteTx:
         runtime = self._run._runtime
         async with runtime.async_connection() as conn, conn.transaction():
             yield conn
-            cur = await conn.execute(queries.get("finish_one"), self._params())
-            if await cur.fetchone() is None:
-                raise _fence_failed(self._run)
-            await call_transition_hooks(
-                runtime.app.on_transition_hooks, conn, self._run.job,
-                JobState.RUNNING.value, JobState.SUCCEEDED.value,
-            )
+            await _drive_async(conn, _commit_steps(self._run, self._result),
+                               runtime.transition_hooks)
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -172,8 +244,7 @@ class CompleteTx:
     ) -> bool | None:
         assert self._async_cm is not None
         suppressed = await self._async_cm.__aexit__(kind, exc, tb)
-        if exc is None:
-            self._run.completed = True
+        self._ended(exc)
         return suppressed
 
     # -- sync ----------------------------------------------------------------------
@@ -187,13 +258,7 @@ class CompleteTx:
         runtime = self._run._runtime
         with runtime.sync_connection() as conn, conn.transaction():
             yield conn
-            cur = conn.execute(queries.get("finish_one"), self._params())
-            if cur.fetchone() is None:
-                raise _fence_failed(self._run)
-            call_transition_hooks_sync(
-                runtime.app.on_transition_hooks, conn, self._run.job,
-                JobState.RUNNING.value, JobState.SUCCEEDED.value,
-            )
+            _drive_sync(conn, _commit_steps(self._run, self._result), runtime.transition_hooks)
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -201,6 +266,5 @@ class CompleteTx:
     ) -> bool | None:
         assert self._sync_cm is not None
         suppressed = self._sync_cm.__exit__(kind, exc, tb)
-        if exc is None:
-            self._run.completed = True
+        self._ended(exc)
         return suppressed

@@ -16,21 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
-from . import queries, retention, schedules
-from .hooks import call_transition_hooks
-from .jobs import job_state_rows
-from .resilience import Trouble
-
-if TYPE_CHECKING:
-    from .app import Akadze
+from .. import queries, retention, schedules
+from ..app import Akadze
+from ..hooks import call_transition_hooks
+from ..jobs import job_state_rows
+from ._connections import Connections
+from ._state import WorkerState
 
 logger = logging.getLogger("akadze.worker")
 
@@ -42,7 +39,6 @@ class Round:
     rescued: list[tuple[int, str]] = field(default_factory=list)  # (job id, new state)
     scheduled: list[int] = field(default_factory=list)
     pruned: int = 0
-
 
 
 async def rescue_expired(
@@ -109,51 +105,36 @@ PRUNE_EVERY = 60.0
 
 
 class MaintenanceLoop:
-    """The worker's part in cluster maintenance (mixed into Worker)."""
+    """The worker's part in cluster maintenance: a round every second or so."""
 
-    app: Akadze
-    lease: float
-    _stopping: bool
-    _registered: asyncio.Event
-    _trouble: Trouble
-    _random: random.Random
+    def __init__(self, state: WorkerState, connections: Connections) -> None:
+        self._state = state
+        self._connections = connections
 
-    if TYPE_CHECKING:  # provided by Worker
-
-        def sql_now(self) -> datetime | None: ...
-
-        def _wall_now(self) -> datetime: ...
-
-        def async_connection(
-            self,
-        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
-
-        async def _sleep(self, seconds: float) -> None: ...
-
-    # -- maintenance ---------------------------------------------------------------------
-
-    async def _maintenance_loop(self) -> None:
+    async def run(self) -> None:
+        state, settings = self._state, self._state.settings
         loop = asyncio.get_running_loop()
         last_prune = loop.time()
-        await self._registered.wait()
-        while not self._stopping:
+        await state.registered.wait()
+        while not state.stopping:
             prune = loop.time() - last_prune >= PRUNE_EVERY
             try:
-                async with self.async_connection() as conn:
+                async with self._connections.connection() as conn:
                     try:
                         done = await run_round(
-                            conn, self.app, now=self._wall_now(), sql_now=self.sql_now(),
-                            orphan_grace=self.lease, prune=prune,
+                            conn, settings.app, now=settings.wall_now(),
+                            sql_now=settings.sql_now(), orphan_grace=settings.lease,
+                            prune=prune,
                         )
                     except BaseException:
                         await conn.close()  # never return a connection holding the lock
                         raise
             except Exception as exc:
-                self._trouble.failed("maintenance", exc, MAINTENANCE_EVERY)
+                state.trouble.failed("maintenance", exc, MAINTENANCE_EVERY)
             else:
-                self._trouble.recovered("maintenance")
+                state.trouble.recovered("maintenance")
                 if done is not None and prune:
                     last_prune = loop.time()
                 if done is not None and done.pruned:
                     logger.info("pruned %d finished jobs", done.pruned)
-            await self._sleep(MAINTENANCE_EVERY * self._random.uniform(0.8, 1.2))
+            await state.sleep(MAINTENANCE_EVERY * state.random.uniform(0.8, 1.2))

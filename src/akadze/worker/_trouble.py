@@ -13,7 +13,7 @@ import logging
 import psycopg
 import psycopg_pool
 
-from .database import mask_password
+from ..database import mask_password
 
 # SQLSTATE classes of errors worth retrying as they are: connection exceptions (08),
 # operator intervention (57: admin shutdown, crash shutdown, cannot connect now),

@@ -1,0 +1,30 @@
+"""The worker runtime: :class:`Worker`, and the running job as a task sees it.
+
+- :class:`Worker` claims and runs jobs (``akadze worker module:app`` runs one);
+  ``Worker(..., on_event=callback)`` reports :class:`WorkerEvent` signals;
+- :func:`current` returns the :class:`RunContext` of the job the calling task runs;
+- :func:`is_transient` tells database trouble that retrying cures from the rest.
+
+Everything else in this package is private: ``_worker`` composes the collaborators
+(``_claims``, ``_runner``, ``_flusher``, ``_leases``, ``_cancellation``,
+``_maintenance``, ``_wakeup``, ``_shutdown``) that share ``_state`` and get their
+connections from ``_connections`` (docs/reference/worker.md has the map).
+"""
+
+from __future__ import annotations
+
+from ._events import EVENT_KINDS, EventKind, WorkerEvent
+from ._runs import CompleteTx, RunContext, current
+from ._trouble import is_transient
+from ._worker import Worker
+
+__all__ = [
+    "EVENT_KINDS",
+    "CompleteTx",
+    "EventKind",
+    "RunContext",
+    "Worker",
+    "WorkerEvent",
+    "current",
+    "is_transient",
+]

@@ -1,0 +1,144 @@
+"""The outcome flusher: finishes are collected and written in batches.
+
+The runner hands each decided finish to :meth:`OutcomeFlusher.submit`; the flush
+loop writes what is pending, many finishes per statement (``_finishes.write``),
+each row fenced by ``run_count``, and reports what the fence refused (those runs'
+outcomes are lost: the job is no longer theirs). After a retry or a snooze is
+written, ``on_due`` learns when the job will be ready again.
+
+A write is three steps, kept apart so that a later writer (one that shares a
+round trip with the next claim) can take the same batch: :meth:`take` the batch,
+write it, then :meth:`written` (or keep it pending after a failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from .. import backoff, outcomes
+from ._connections import Connections
+from ._finishes import write
+from ._state import WorkerState
+
+logger = logging.getLogger("akadze.worker")
+
+#: Most finishes written by one statement.
+MAX_BATCH = 5_000
+
+OnDue = Callable[[str, float], None]
+
+
+class OutcomeFlusher:
+    """Pending finishes and their writing."""
+
+    def __init__(self, state: WorkerState, connections: Connections, *, on_due: OnDue) -> None:
+        self._state = state
+        self._connections = connections
+        self._on_due = on_due
+        self._pending: list[outcomes.Finish] = []
+        self._wanted = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+
+    # -- what the others see ------------------------------------------------------------
+
+    def submit(self, finish: outcomes.Finish) -> None:
+        """Write ``finish`` with the next batch."""
+        self._pending.append(finish)
+        self._wanted.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def pending_ids(self) -> set[int]:
+        return {finish.job.id for finish in self._pending}
+
+    def backlogged(self) -> bool:
+        """Too many outcomes wait to be written: claiming pauses."""
+        return len(self._pending) >= self._state.settings.max_pending
+
+    # -- the steps of a write -----------------------------------------------------------
+
+    def take(self) -> list[outcomes.Finish]:
+        """The next batch to write (still pending until :meth:`written`)."""
+        return self._pending[:MAX_BATCH]
+
+    def written(self, batch: list[outcomes.Finish], accepted: set[int], *,
+                retried: bool) -> None:
+        """``batch`` (from :meth:`take`) is committed; ``accepted``: the ids whose fence
+        held. ``retried``: an earlier attempt at writing it failed (and may have
+        committed unseen: a refusal then is that commit, not a lost run)."""
+        del self._pending[: len(batch)]
+        now = asyncio.get_running_loop().time()
+        discarded: list[int] = []
+        for finish in batch:
+            job = finish.job
+            if job.id in accepted:
+                if finish.delay is not None and finish.state.value == "queued":
+                    self._on_due(job.queue, now + finish.delay)
+                continue
+            if retried:
+                logger.debug("job %d: outcome already written or no longer ours", job.id)
+                continue
+            discarded.append(job.id)
+            self._state.counts["lost"] += 1
+            logger.warning(
+                "job %d (%s): outcome %s discarded: the job is no longer this run's "
+                "(rescued, cancelled or timed out meanwhile)", job.id, job.task,
+                finish.kind, extra={"job_id": job.id, "task": job.task})
+        events = self._state.events
+        if events.wanted:
+            events.emit("outcomes_written", job_ids=sorted(accepted), discarded=discarded)
+
+    async def _write(self, batch: list[outcomes.Finish]) -> set[int]:
+        if not batch:
+            return set()
+        app = self._state.settings.app
+        async with self._connections.connection() as conn:
+            return await write(conn, batch, hooks=app.on_transition_hooks,
+                               now=self._state.settings.sql_now())
+
+    # -- writing ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The flush loop: write whatever is pending, retrying after failures."""
+        state = self._state
+        where = "writing outcomes"
+        failures = 0
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            while self._pending:
+                delay = 0.0
+                async with self._write_lock:
+                    batch = self.take()
+                    try:
+                        accepted = await self._write(batch)
+                    except Exception as exc:
+                        failures += 1
+                        delay = backoff.reconnect_delay(failures, state.random.random())
+                        state.trouble.failed(where, exc, delay)
+                    else:
+                        self.written(batch, accepted, retried=failures > 0)
+                        failures = 0
+                        state.trouble.recovered(where)
+                if delay:
+                    await asyncio.sleep(delay)
+            state.unblock()
+            state.settled.set()
+
+    async def flush_all(self, *, raise_errors: bool) -> None:
+        """Write every pending outcome now (drain and shutdown); on a failure, raise
+        or return with the rest still pending."""
+        while self._pending:
+            async with self._write_lock:
+                batch = self.take()
+                try:
+                    accepted = await self._write(batch)
+                except Exception:
+                    if raise_errors:
+                        raise
+                    return
+                self.written(batch, accepted, retried=False)

@@ -1,0 +1,145 @@
+"""A worker's settings, checked once when the :class:`~akadze.Worker` is built."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from ..app import Akadze
+from ..clock import Clock, SystemClock
+from ..errors import ConfigurationError
+from ._events import EventCallback
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What a worker was asked to do; the collaborators read it, nobody changes it."""
+
+    app: Akadze
+    queues: tuple[str, ...]
+    task_names: tuple[str, ...]
+    slots: int
+    fair: bool
+    lease: float
+    shutdown_timeout: float
+    poll_interval: float
+    listen: bool
+    worker_id: str
+    clock: Clock | None
+    url: str
+    maintenance: bool
+    pool_size: int
+    durable_claims: bool
+    on_event: EventCallback | None
+
+    @property
+    def max_pending(self) -> int:
+        """Outcomes waiting to be written beyond which claiming pauses."""
+        return max(2 * self.slots * len(self.queues), 1_000)
+
+    @property
+    def any_plain_task(self) -> bool:
+        """Whether a task runs in a thread (the worker then needs its thread pool)."""
+        return any(not self.app.tasks[name].is_async for name in self.task_names)
+
+    def sql_now(self) -> datetime | None:
+        """The time to hand to SQL: the injected clock's, else None (the database's)."""
+        if self.clock is None or isinstance(self.clock, SystemClock):
+            return None
+        return self.clock.now()
+
+    def wall_now(self) -> datetime:
+        """The time recorded in error entries: the injected clock's or the app's."""
+        return (self.clock or self.app.clock).now()
+
+
+def seconds(value: timedelta | float, name: str) -> float:
+    amount = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
+        raise ConfigurationError(f"{name} must be a non-negative number of seconds or timedelta")
+    return float(amount)
+
+
+def _task_names(app: Akadze, tasks: Collection[str] | None) -> tuple[str, ...]:
+    if isinstance(tasks, str):
+        raise ConfigurationError("tasks must be a collection of task names")
+    names = sorted(app.tasks) if tasks is None else sorted(set(tasks))
+    unknown = [name for name in names if name not in app.tasks]
+    if unknown:
+        known = ", ".join(map(repr, sorted(app.tasks))) or "none"
+        raise ConfigurationError(
+            f"Worker(tasks=...): the app has no task named {unknown[0]!r} "
+            f"(registered: {known})"
+        )
+    if not names:
+        raise ConfigurationError("the app has no tasks registered: nothing to run")
+    return tuple(names)
+
+
+def _queues(app: Akadze, names: Sequence[str], queues: Sequence[str] | None) -> tuple[str, ...]:
+    if queues is None:
+        queues = sorted({app.tasks[name].queue for name in names})
+    if isinstance(queues, str):
+        queues = [queues]
+    unique = list(dict.fromkeys(queues))
+    if not unique or not all(isinstance(q, str) and q for q in unique):
+        raise ConfigurationError("queues must be a non-empty list of queue names")
+    return tuple(unique)
+
+
+def build_settings(
+    app: Akadze,
+    *,
+    queues: Sequence[str] | None,
+    slots: int,
+    fair: bool,
+    lease: timedelta | float,
+    shutdown_timeout: timedelta | float,
+    poll_interval: timedelta | float,
+    listen: bool,
+    worker_id: str | None,
+    clock: Clock | None,
+    database_url: str | None,
+    tasks: Collection[str] | None,
+    maintenance: bool,
+    pool_size: int | None,
+    durable_claims: bool,
+    on_event: EventCallback | None,
+) -> Settings:
+    """The settings of ``Worker(app, ...)``; ConfigurationError naming what is wrong."""
+    if not isinstance(app, Akadze):
+        raise ConfigurationError(f"Worker needs an Akadze app, got {type(app).__name__}")
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise ConfigurationError(f"slots must be a positive integer, got {slots!r}")
+    names = _task_names(app, tasks)
+    queue_names = _queues(app, names, queues)
+    lease_seconds = seconds(lease, "lease")
+    if lease_seconds < 0.1:
+        raise ConfigurationError("lease must be at least 0.1 s")
+    poll = seconds(poll_interval, "poll_interval")
+    if poll <= 0:
+        raise ConfigurationError("poll_interval must be positive")
+    if on_event is not None and not callable(on_event):
+        raise ConfigurationError("on_event must be a callable taking a WorkerEvent")
+    return Settings(
+        app=app,
+        queues=queue_names,
+        task_names=names,
+        slots=slots,
+        fair=bool(fair),
+        lease=lease_seconds,
+        shutdown_timeout=seconds(shutdown_timeout, "shutdown_timeout"),
+        poll_interval=poll,
+        listen=bool(listen),
+        worker_id=worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+        clock=clock,
+        url=database_url or app.database_url,
+        maintenance=maintenance,
+        pool_size=pool_size or 3 + 4,
+        durable_claims=bool(durable_claims),
+        on_event=on_event,
+    )

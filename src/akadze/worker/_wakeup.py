@@ -1,0 +1,188 @@
+"""Wake-up: when a queue's claim loop looks again.
+
+Migration 0003 makes every statement that leaves jobs ``queued`` send
+``NOTIFY akadze_jobs, '<queue>'`` (delivered at commit); ``request_cancel`` sends
+``NOTIFY akadze_cancel, '<job id>'``. The :class:`Listener` turns them into calls
+of the worker's callbacks. It reconnects by itself; whenever it (re)connects it
+calls ``on_connected`` so the worker looks at every queue once, since
+notifications sent while nobody listened are lost.
+
+:class:`Wakeup` holds each queue's reasons to look again: a notification, the
+polling timer (``poll_interval``, jittered; it keeps working without LISTEN,
+which cannot work behind PgBouncer in transaction pooling mode and which
+``listen=False`` turns off), and the known due times of jobs this worker retried
+or snoozed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from .. import backoff
+from ._trouble import Trouble
+
+JOBS_CHANNEL = "akadze_jobs"
+CANCEL_CHANNEL = "akadze_cancel"
+
+#: How long the listener waits for a notification before checking its connection.
+PROBE_EVERY = 30.0
+#: Cap on a claim loop's wait after a notification, to batch a burst of enqueues.
+DEBOUNCE = 0.002
+
+logger = logging.getLogger("akadze.worker")
+
+
+class Listener:
+    """LISTEN on a dedicated connection (``connect`` makes it), until cancelled."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+        *,
+        on_queue: Callable[[str], None],
+        on_cancel: Callable[[int], None],
+        on_connected: Callable[[], None],
+        trouble: Trouble,
+    ) -> None:
+        self._connect = connect
+        self._on_queue = on_queue
+        self._on_cancel = on_cancel
+        self._on_connected = on_connected
+        self._trouble = trouble
+        self.listening = False
+        #: Set after the first attempt to listen, whether it worked or not.
+        self.tried = asyncio.Event()
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def run(self) -> None:
+        """Listen until cancelled."""
+        where = "listening for notifications"
+        while True:
+            try:
+                await self._listen_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.listening = False
+                delay = backoff.reconnect_delay(self._trouble.failures(where) + 1,
+                                                random.random())
+                self._trouble.failed(where, exc, delay)
+                self.tried.set()
+                await asyncio.sleep(delay)
+            finally:
+                self.listening = False
+                self.conn = None
+
+    async def _listen_once(self) -> None:
+        conn = await self._connect()
+        async with conn:
+            self.conn = conn
+            await conn.execute(f"LISTEN {JOBS_CHANNEL}")
+            await conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+            self.listening = True
+            self._trouble.recovered("listening for notifications")
+            self.tried.set()
+            self._on_connected()
+            while True:
+                async for note in conn.notifies(timeout=PROBE_EVERY):
+                    self._dispatch(note.channel, note.payload)
+                # No notification for a while: make sure the connection is alive
+                # (a silently dropped connection would otherwise never notify).
+                await conn.execute("SELECT 1")
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        if channel == JOBS_CHANNEL:
+            self._on_queue(payload)
+        elif channel == CANCEL_CHANNEL:
+            try:
+                job_id = int(payload)
+            except ValueError:
+                logger.debug("ignored a malformed cancel notification %r", payload)
+                return
+            self._on_cancel(job_id)
+
+
+@dataclass(slots=True)
+class _Signals:
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # notified: look now
+    retimer: asyncio.Event = field(default_factory=asyncio.Event)  # an earlier due time
+    due: list[float] = field(default_factory=list)  # heap of loop times of known run_at
+
+
+class Wakeup:
+    """Each queue's reasons to claim again (used by its claim loop)."""
+
+    def __init__(self, queues: Sequence[str], *, poll_interval: float,
+                 rand: random.Random) -> None:
+        self._signals = {name: _Signals() for name in queues}
+        self._poll_interval = poll_interval
+        self._random = rand
+
+    def notify(self, queue: str) -> None:
+        """Jobs of ``queue`` became ready (a notification); unknown queues are ignored."""
+        signals = self._signals.get(queue)
+        if signals is not None:
+            signals.wake.set()
+
+    def notify_all(self) -> None:
+        for signals in self._signals.values():
+            signals.wake.set()
+
+    def due_at(self, queue: str, when: float) -> None:
+        """A job of ``queue`` becomes ready at loop time ``when`` (a retry or a
+        snooze written just now: the row's run_at is no later than that)."""
+        signals = self._signals.get(queue)
+        if signals is None:
+            return
+        heapq.heappush(signals.due, when + 0.001)
+        if signals.due[0] == when + 0.001:
+            signals.retimer.set()  # earlier than what the queue's loop waits for
+
+    def notified(self, queue: str) -> bool:
+        return self._signals[queue].wake.is_set()
+
+    def consume(self, queue: str) -> None:
+        """The claim loop is about to claim: what woke it is being served."""
+        self._signals[queue].wake.clear()
+
+    async def wait(self, queue: str, stopping: Callable[[], bool]) -> None:
+        """Wait for a notification, the polling timer, or the earliest known due
+        time (which may move earlier while waiting)."""
+        signals = self._signals[queue]
+        loop = asyncio.get_running_loop()
+        while not signals.wake.is_set() and not stopping():
+            signals.retimer.clear()
+            timeout = self._poll_timeout(signals)
+            began = loop.time()
+            waits = [asyncio.ensure_future(signals.wake.wait()),
+                     asyncio.ensure_future(signals.retimer.wait())]
+            try:
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+            if not signals.retimer.is_set() or loop.time() - began >= timeout:
+                return
+
+    def _poll_timeout(self, signals: _Signals) -> float:
+        now = asyncio.get_running_loop().time()
+        timeout = self._poll_interval * self._random.uniform(0.8, 1.2)
+        while signals.due and signals.due[0] <= now:
+            heapq.heappop(signals.due)
+        if signals.due:
+            timeout = min(timeout, signals.due[0] - now + 0.001)
+        return max(timeout, 0.0)
+
+    async def debounce(self, last_claim: float) -> None:
+        """After a notification: let a burst of enqueues land, then claim them together."""
+        gap = DEBOUNCE - (asyncio.get_running_loop().time() - last_claim)
+        if gap > 0:
+            await asyncio.sleep(gap)
