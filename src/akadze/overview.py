@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, overload
 
 from . import queries
-from .errors import AkadzeError, JobNotFound
+from .errors import FilterError, JobNotFound
 from .jobs import JobState
 from .sessions import reading, reading_sync
 
@@ -36,10 +36,6 @@ __all__ = [
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
-
-
-class FilterError(AkadzeError):
-    """A filter of list_jobs was refused."""
 
 
 @dataclass(frozen=True)
