@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from . import database
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import ConfigurationError, UnknownTask
+from .hooks import Hook
+from .sessions import DatabaseSource
 from .tasks import BackoffFunction, Task, TaskFunction
 
 if TYPE_CHECKING:
@@ -20,7 +22,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_RETENTION = timedelta(days=7)
 
 
-class Akadze:
+class Akadze(DatabaseSource):
     """An akadze application.
 
     Nothing touches the database at construction: the URL is checked for form
@@ -258,3 +260,11 @@ class Akadze:
     def __repr__(self) -> str:
         shown = database.describe(self._database_url) if self._database_url else "default"
         return f"<Akadze database={shown} tasks={len(self.tasks)}>"
+
+
+def transition_hooks(session: object, app: Akadze | None) -> list[Hook]:
+    """The on_transition hooks for an operator's call (requeue, cancel): those of ``app``,
+    or of ``session`` when the session is the app itself; none otherwise."""
+    if app is None and isinstance(session, Akadze):
+        app = session
+    return list(app.on_transition_hooks) if app is not None else []
