@@ -24,12 +24,13 @@ import psycopg
 import pydantic
 
 from . import backoff, leases, outcomes
+from .arguments import describe_validation as _describe_validation
 from .errors import JobLost
 from .hooks import call_run_hooks
 from .jobs import ClaimedJob
 from .resilience import Trouble, first_line
 from .runs import RunContext, _current
-from .tasks import Task, _describe_validation
+from .tasks import Task
 
 if TYPE_CHECKING:
     from .app import Akadze

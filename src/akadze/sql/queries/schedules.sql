@@ -43,10 +43,3 @@ WHERE j.state IN ('queued', 'running');
 -- name: periodic_set_job
 UPDATE akadze.periodic_fires SET job_id = %(job_id)s
 WHERE schedule = %(schedule)s AND fire_at = %(fire_at)s;
-
--- name: periodic_last_fires
--- The most recent recorded fire of each named schedule (for akadze schedules list).
-SELECT DISTINCT ON (f.schedule) f.schedule, f.fire_at, f.job_id
-FROM akadze.periodic_fires AS f
-WHERE f.schedule = ANY(%(names)s::text[])
-ORDER BY f.schedule, f.fire_at DESC;
