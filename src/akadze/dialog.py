@@ -26,7 +26,8 @@ connection is opened or joined: the checks of its arguments come first.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, TypeVar, cast
 
@@ -273,39 +274,43 @@ async def _step_async(conn: psycopg.AsyncConnection[Any], step: Step) -> Any:
 # -- on sessions --------------------------------------------------------------------------
 
 
-def write_sync(session: sessions.SyncSession, dialog: Dialog[T]) -> T:
-    """Run ``dialog`` to write: in the session's transaction, or in a connection and
-    transaction of its own for a source (see :func:`akadze.sessions.writing_sync`)."""
+def _on_sync(open_: Callable[[Any], AbstractContextManager[psycopg.Connection[Any]]],
+             session: Any, dialog: Dialog[T]) -> T:
+    finished, step = _advance(dialog)  # the dialog's checks, before any connection
+    if finished:
+        return cast(T, step)
+    with open_(session) as conn:
+        return _continue_sync(conn, dialog, step)
+
+
+async def _on_async(
+    open_: Callable[[Any], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]],
+    session: Any, dialog: Dialog[T],
+) -> T:
     finished, step = _advance(dialog)
     if finished:
         return cast(T, step)
-    with sessions.writing_sync(session) as conn:
-        return _continue_sync(conn, dialog, step)
+    async with open_(session) as conn:
+        return await _continue_async(conn, dialog, step)
+
+
+def write_sync(session: sessions.SyncSession, dialog: Dialog[T]) -> T:
+    """Run ``dialog`` to write: in the session's transaction, or in a connection and
+    transaction of its own for a source (see :func:`akadze.sessions.writing_sync`)."""
+    return _on_sync(sessions.writing_sync, session, dialog)
 
 
 async def write(session: sessions.Session, dialog: Dialog[T]) -> T:
     """The async twin of :func:`write_sync`."""
-    finished, step = _advance(dialog)
-    if finished:
-        return cast(T, step)
-    async with sessions.writing(session) as conn:
-        return await _continue_async(conn, dialog, step)
+    return await _on_async(sessions.writing, session, dialog)
 
 
 def read_sync(source: sessions.SyncSession, dialog: Dialog[T]) -> T:
     """Run ``dialog`` to read: on the session's connection, or on one opened from a
     source (see :func:`akadze.sessions.reading_sync`)."""
-    finished, step = _advance(dialog)
-    if finished:
-        return cast(T, step)
-    with sessions.reading_sync(source) as conn:
-        return _continue_sync(conn, dialog, step)
+    return _on_sync(sessions.reading_sync, source, dialog)
 
 
 async def read(source: sessions.Session, dialog: Dialog[T]) -> T:
     """The async twin of :func:`read_sync`."""
-    finished, step = _advance(dialog)
-    if finished:
-        return cast(T, step)
-    async with sessions.reading(source) as conn:
-        return await _continue_async(conn, dialog, step)
+    return await _on_async(sessions.reading, source, dialog)
