@@ -98,7 +98,7 @@ class Job:
     args: Mapping[str, Any]
     options: JobOptions
 
-    def __init__(self, args: Mapping[str, Any] | None = None, /,
+    def __init__(self, args: Mapping[str, Any] | None = None,
                  **options: Unpack[JobOptions]) -> None:
         check_option_names(options, JobOptions, "Job()")
         object.__setattr__(self, "args", {} if args is None else args)
