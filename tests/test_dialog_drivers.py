@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from akadze import dialog
 from akadze.dialog import Dialog
@@ -43,11 +44,13 @@ def _statements() -> Dialog[tuple[Any, ...]]:
     first = yield from dialog.one("SELECT x FROM t ORDER BY x")
     none = yield from dialog.one("SELECT x FROM t WHERE x > 9")
     everything = yield from dialog.rows("SELECT x FROM t ORDER BY x DESC")
-    return count, first, none, everything
+    named = yield from dialog.rows("SELECT x FROM t WHERE x < 3 ORDER BY x", row_factory=dict_row)
+    return count, first, none, everything, named
 
 
 async def test_statements(run: Any) -> None:
-    assert await outcome(run, _statements()) == (3, (1,), None, [(3,), (2,), (1,)])
+    assert await outcome(run, _statements()) == (
+        3, (1,), None, [(3,), (2,), (1,)], [{"x": 1}, {"x": 2}])
 
 
 def _errors_are_thrown_into_the_dialog() -> Dialog[list[str]]:

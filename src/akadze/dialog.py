@@ -57,6 +57,8 @@ class Execute:
     query: Query
     params: Params = None
     reply: Reply = "all"
+    # A psycopg row factory for the rows (psycopg.rows); None: tuples.
+    row_factory: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +111,14 @@ Dialog: TypeAlias = Generator[Step, Any, T]
 # -- steps as sub-dialogs (``x = yield from rows(...)``), typed -------------------------
 
 
-def rows(query: Query, params: Params = None) -> Dialog[list[Row]]:
-    return cast(list[Row], (yield Execute(query, params, "all")))
+def rows(query: Query, params: Params = None, *, row_factory: Any = None) -> Dialog[list[Any]]:
+    """All rows of ``query`` (tuples, or what ``row_factory`` makes)."""
+    return cast(list[Any], (yield Execute(query, params, "all", row_factory)))
 
 
-def one(query: Query, params: Params = None) -> Dialog[Row | None]:
-    return cast("Row | None", (yield Execute(query, params, "one")))
+def one(query: Query, params: Params = None, *, row_factory: Any = None) -> Dialog[Any]:
+    """The first row of ``query``, None without one."""
+    return (yield Execute(query, params, "one", row_factory))
 
 
 def rowcount(query: Query, params: Params = None) -> Dialog[int]:
@@ -193,7 +197,10 @@ def _continue_sync(conn: psycopg.Connection[Any], dialog: Dialog[T], step: Step)
 
 def _step_sync(conn: psycopg.Connection[Any], step: Step) -> Any:
     if isinstance(step, Execute):
-        cur = conn.execute(step.query, step.params)
+        if step.row_factory is None:
+            cur = conn.execute(step.query, step.params)
+        else:
+            cur = conn.cursor(row_factory=step.row_factory).execute(step.query, step.params)
         if step.reply == "all":
             return cur.fetchall()
         if step.reply == "one":
@@ -242,7 +249,11 @@ async def _continue_async(conn: psycopg.AsyncConnection[Any], dialog: Dialog[T],
 
 async def _step_async(conn: psycopg.AsyncConnection[Any], step: Step) -> Any:
     if isinstance(step, Execute):
-        cur = await conn.execute(step.query, step.params)
+        if step.row_factory is None:
+            cur = await conn.execute(step.query, step.params)
+        else:
+            cur = await conn.cursor(row_factory=step.row_factory).execute(
+                step.query, step.params)
         if step.reply == "all":
             return await cur.fetchall()
         if step.reply == "one":
