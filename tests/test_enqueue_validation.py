@@ -294,3 +294,15 @@ def test_options_round_trip_or_are_refused(
         expected = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
         assert abs(lag - expected) <= timedelta(microseconds=1)
     assert expires == options.get("expires_at")
+
+
+def test_unknown_option_names_are_a_type_error(hello: Any) -> None:
+    # The options are listed once (akadze.jobspec.EnqueueOptions, JobOptions): a name
+    # that is not one of them is refused like any unexpected keyword argument.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'priorty'"):
+        hello.using(priorty=3)
+    with pytest.raises(TypeError, match="unique_key is not available in bulk"):
+        Job({"name": "x"}, unique_key="u")  # type: ignore[call-arg]
+    job = Job(args={"name": "x"}, limit_key="k", priority=2)
+    assert job.args == {"name": "x"} and job.options == {"limit_key": "k", "priority": 2}
+    assert job == Job({"name": "x"}, priority=2, limit_key="k")

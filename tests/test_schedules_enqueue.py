@@ -166,37 +166,37 @@ async def test_overlap_false_async_and_overlap_true(database_url: str,
     assert await cur.fetchone() == ("loose",)
 
 
-def test_a_failing_enqueue_leaves_the_fire_unrecorded(
-    database_url: str, conn: psycopg.Connection[Any]
+@pytest.fixture(params=["enqueue_due", "enqueue_due_sync"])
+async def tick(request: pytest.FixtureRequest, database_url: str) -> Any:
+    """enqueue_due or its sync twin, on an autocommit connection of its flavour: the
+    tests that take it run both through the same cases."""
+    if request.param == "enqueue_due_sync":
+        with psycopg.connect(database_url, autocommit=True) as mine:
+
+            async def sync_tick(app: Akadze, now: datetime) -> list[int]:
+                return enqueue_due_sync(mine, app, now)
+
+            yield sync_tick
+        return
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as amine:
+
+        async def async_tick(app: Akadze, now: datetime) -> list[int]:
+            return await enqueue_due(amine, app, now)
+
+        yield async_tick
+
+
+async def test_a_failing_fire_is_logged_left_unrecorded_and_the_others_go_on(
+    database_url: str, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture,
+    tick: Any,
 ) -> None:
     app = Akadze(database_url=database_url)
-    calls: list[int] = []
+    refused: list[str] = []
 
     @app.on_enqueue
-    def refuse(conn: Any, job: Any) -> None:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("not now")
-
-    @app.periodic("flaky", every=60)
-    def flaky() -> None:
-        return None
-
-    with pytest.raises(RuntimeError):
-        enqueue_due_sync(conn, app, T0)
-    assert counts(conn) == (0, 0, 0)
-    # The next pass (still within the grace) enqueues it.
-    assert len(enqueue_due_sync(conn, app, T0 + timedelta(seconds=30))) == 1
-
-
-async def test_async_failure_is_logged_and_other_schedules_go_on(
-    database_url: str, aconn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
-) -> None:
-    app = Akadze(database_url=database_url)
-
-    @app.on_enqueue
-    def refuse(conn: Any, job: Any) -> None:
-        if job.task == "bad":
+    def refuse_once(hook_conn: Any, job: Any) -> None:
+        if job.task == "bad" and not refused:
+            refused.append(job.task)
             raise RuntimeError("refused by hook")
 
     @app.periodic("bad", every=60)
@@ -207,9 +207,32 @@ async def test_async_failure_is_logged_and_other_schedules_go_on(
     def good() -> None:
         return None
 
-    ids = await enqueue_due(aconn, app, T0)
-    assert len(ids) == 1
-    assert "schedule 'bad': could not enqueue" in caplog.text
+    ids = await tick(app, T0)
+    assert len(ids) == 1 and refused == ["bad"]
+    assert "schedule 'bad': could not enqueue the fire of" in caplog.text
+    # The failed fire is not recorded: only the good schedule's job and fire exist.
+    assert counts(conn) == (1, 1, 1)
+    # The next pass (still within the grace) enqueues it.
+    assert len(await tick(app, T0 + timedelta(seconds=30))) == 1
+    assert counts(conn) == (2, 2, 2)
+
+
+async def test_a_database_error_in_a_fire_stops_the_pass(
+    database_url: str, conn: psycopg.Connection[Any], tick: Any,
+) -> None:
+    app = Akadze(database_url=database_url)
+
+    @app.on_enqueue
+    def broken(hook_conn: Any, job: Any) -> Any:
+        return hook_conn.execute("SELECT 1/0")  # awaited on the async path
+
+    @app.periodic("first", every=60)
+    def first() -> None:
+        return None
+
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        await tick(app, T0)
+    assert counts(conn) == (0, 0, 0)
 
 
 async def test_cron_schedule_in_a_zone(database_url: str,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from akadze import Akadze, ScheduleError
+from akadze import Akadze, EnqueueError, ScheduleError
 from akadze.schedules import Schedule
 
 
@@ -77,6 +77,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"task": "report", "cron": "0 * * * *", "priority": 10**6}, "priority"),
     ({"task": "report", "cron": "0 * * * *", "overlap": "no"}, "overlap"),
     ({"task": "report", "cron": "0 * * * *", "grace": "soon"}, "not a duration"),
+    # What jsonb cannot store is refused at registration, as enqueue refuses it: a
+    # schedule that is accepted can enqueue every one of its fires.
+    ({"task": "report", "cron": "0 * * * *", "args": {"day": "mon\x00day"}}, "NUL character"),
+    ({"task": "report", "cron": "0 * * * *", "meta": {"k": float("nan")}}, "NaN"),
 ]
 
 
@@ -154,3 +158,20 @@ def test_due_fire_memo_agrees_with_a_fresh_computation(bare: Akadze, expr: str) 
         assert schedule.due_fire(now) == expected, now
         step = (step * 7 + 13) % 97
         now += timedelta(seconds=5 + step * 11)
+
+
+def test_arguments_are_checked_as_enqueue_checks_them(bare: Akadze) -> None:
+    @bare.task("anything")
+    def anything(value: Any = None) -> None:
+        return None
+
+    for value, message in ((float("nan"), "NaN or Infinity"), ({"k": "a\x00"}, "NUL character"),
+                           ([1, float("inf")], "NaN or Infinity")):
+        with pytest.raises(ScheduleError, match=message) as refused:
+            bare.add_schedule("odd", task="anything", every=60, args={"value": value})
+        assert "schedule 'odd': task 'anything': argument 'value'" in str(refused.value)
+        with pytest.raises(EnqueueError, match=message):
+            anything.using().enqueue_sync(value=value)  # the same refusal, the same path
+    assert bare.schedules == {}
+    accepted = bare.add_schedule("odd", task="anything", every=60, args={"value": [1.5, "x"]})
+    assert accepted.args == {"value": [1.5, "x"]}

@@ -1,20 +1,44 @@
-"""akadze: a PostgreSQL-backed job queue with exact cluster-wide limits and fair scheduling."""
+"""akadze: a PostgreSQL-backed job queue with exact cluster-wide limits and fair scheduling.
+
+The names below are the public surface; each is listed, with where it is documented,
+in ``docs/reference/api.md`` (a test keeps the two lists equal).
+"""
 
 from __future__ import annotations
 
 from .app import Akadze
+from .cancellation import request_cancel, request_cancel_sync
+from .control import (
+    pause_queue,
+    pause_queue_sync,
+    requeue,
+    requeue_sync,
+    resume_queue,
+    resume_queue_sync,
+    retry_now,
+    retry_now_sync,
+)
+from .enqueue import Enqueuer
 from .errors import (
     AkadzeError,
+    AsyncHookError,
     ConfigurationError,
+    DatabaseUnavailable,
     DuplicateJob,
+    EmbeddedServerError,
     EnqueueError,
+    FilterError,
+    InvalidJobState,
+    JobLost,
     JobNotFound,
     LimitError,
     MigrationError,
     ScheduleError,
     UnknownTask,
+    WorkerError,
 )
-from .jobs import ClaimedJob, JobState
+from .jobs import ClaimedJob, EnqueuedJob, JobState
+from .jobspec import EnqueueOptions, Job, JobOptions
 from .limits import (
     LimitSummary,
     clear_limit,
@@ -25,77 +49,8 @@ from .limits import (
     set_limit_sync,
 )
 from .migrate import migrate, migrate_sync
-from .tasks import Task
-
-__version__ = "0.7.0.dev0"
-
-__all__ = [
-    "Akadze",
-    "AkadzeError",
-    "ClaimedJob",
-    "ConfigurationError",
-    "DuplicateJob",
-    "EnqueueError",
-    "JobNotFound",
-    "JobState",
-    "LimitError",
-    "LimitSummary",
-    "MigrationError",
-    "ScheduleError",
-    "Task",
-    "UnknownTask",
-    "__version__",
-    "clear_limit",
-    "clear_limit_sync",
-    "list_limits",
-    "list_limits_sync",
-    "migrate",
-    "migrate_sync",
-    "set_limit",
-    "set_limit_sync",
-]
-
-# The worker runtime.
-from .cancellation import request_cancel, request_cancel_sync
-from .errors import JobLost, WorkerError
 from .outcomes import Cancel, Fail, Retry, Snooze, TaskOutcome
-from .worker import RunContext, Worker, current
-
-__all__ += [
-    "Cancel",
-    "Fail",
-    "JobLost",
-    "Retry",
-    "RunContext",
-    "Snooze",
-    "TaskOutcome",
-    "Worker",
-    "WorkerError",
-    "current",
-    "request_cancel",
-    "request_cancel_sync",
-]
-
-# Enqueue.
-from .enqueue import Enqueuer  # noqa: E402
-from .jobs import EnqueuedJob  # noqa: E402
-from .jobspec import Job  # noqa: E402
-
-__all__ += ["EnqueuedJob", "Enqueuer", "Job"]
-
-# Periodic schedules and operations.
-from .control import (  # noqa: E402
-    pause_queue,
-    pause_queue_sync,
-    requeue,
-    requeue_sync,
-    resume_queue,
-    resume_queue_sync,
-    retry_now,
-    retry_now_sync,
-)
-from .errors import InvalidJobState  # noqa: E402
-from .overview import (  # noqa: E402
+from .overview import (
     JobSummary,
     QueueSnapshot,
     StateCount,
@@ -109,29 +64,82 @@ from .overview import (  # noqa: E402
     queue_snapshot,
     queue_snapshot_sync,
 )
-from .schedules import Schedule  # noqa: E402
+from .schedules import Schedule, ScheduleOptions
+from .sessions import Session, SyncSession
+from .tasks import Task
+from .worker import RunContext, Worker, WorkerEvent, current
 
-__all__ += [
+__version__ = "0.7.0.dev0"
+
+__all__ = [
+    "Akadze",
+    "AkadzeError",
+    "AsyncHookError",
+    "Cancel",
+    "ClaimedJob",
+    "ConfigurationError",
+    "DatabaseUnavailable",
+    "DuplicateJob",
+    "EmbeddedServerError",
+    "EnqueueError",
+    "EnqueueOptions",
+    "EnqueuedJob",
+    "Enqueuer",
+    "Fail",
+    "FilterError",
     "InvalidJobState",
+    "Job",
+    "JobLost",
+    "JobNotFound",
+    "JobOptions",
+    "JobState",
     "JobSummary",
+    "LimitError",
+    "LimitSummary",
+    "MigrationError",
     "QueueSnapshot",
+    "Retry",
+    "RunContext",
     "Schedule",
+    "ScheduleError",
+    "ScheduleOptions",
+    "Session",
+    "Snooze",
     "StateCount",
+    "SyncSession",
+    "Task",
+    "TaskOutcome",
+    "UnknownTask",
+    "Worker",
+    "WorkerError",
+    "WorkerEvent",
     "WorkerSummary",
+    "__version__",
+    "clear_limit",
+    "clear_limit_sync",
+    "current",
     "get_job",
     "get_job_sync",
     "list_jobs",
     "list_jobs_sync",
+    "list_limits",
+    "list_limits_sync",
     "list_workers",
     "list_workers_sync",
+    "migrate",
+    "migrate_sync",
     "pause_queue",
     "pause_queue_sync",
     "queue_snapshot",
     "queue_snapshot_sync",
+    "request_cancel",
+    "request_cancel_sync",
     "requeue",
     "requeue_sync",
     "resume_queue",
     "resume_queue_sync",
     "retry_now",
     "retry_now_sync",
+    "set_limit",
+    "set_limit_sync",
 ]

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
-from . import database
+from . import database, schedules
 from .clock import SYSTEM_CLOCK, Clock
-from .errors import ConfigurationError, UnknownTask
+from .errors import AkadzeError, ConfigurationError, ScheduleError, UnknownTask
+from .hooks import Hook
+from .schedules import Schedule, ScheduleOptions
+from .sessions import DatabaseSource
 from .tasks import BackoffFunction, Task, TaskFunction
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # SQLAlchemy is optional: imported when app.engine is first used
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -20,7 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_RETENTION = timedelta(days=7)
 
 
-class Akadze:
+class Akadze(DatabaseSource):
     """An akadze application.
 
     Nothing touches the database at construction: the URL is checked for form
@@ -52,11 +55,11 @@ class Akadze:
         self.failed_retention = failed_retention or retention * 4
         self.clock: Clock = clock or SYSTEM_CLOCK
         self.tasks: dict[str, Task[Any]] = {}
-        self.schedules: dict[str, Any] = {}
-        self.on_enqueue_hooks: list[Callable[..., Any]] = []
-        self.before_run_hooks: list[Callable[..., Any]] = []
-        self.after_run_hooks: list[Callable[..., Any]] = []
-        self.on_transition_hooks: list[Callable[..., Any]] = []
+        self.schedules: dict[str, Schedule] = {}
+        self.on_enqueue_hooks: list[Hook] = []
+        self.before_run_hooks: list[Hook] = []
+        self.after_run_hooks: list[Hook] = []
+        self.on_transition_hooks: list[Hook] = []
 
     # -- database -----------------------------------------------------------------
 
@@ -206,32 +209,46 @@ class Akadze:
         ``@app.periodic("nightly", cron="0 3 * * *", timezone="Europe/Berlin")`` or
         ``every=timedelta(minutes=15)``. See :mod:`akadze.schedules`. Raises
         ScheduleError (and registers nothing) on a bad schedule."""
-        from . import schedules
+        if callable(name):
+            raise ScheduleError("@app.periodic needs a name, e.g. @app.periodic(\"nightly\", "
+                                "cron=\"0 3 * * *\")")
+        when: schedules.WhenOptions = {
+            "cron": cron, "every": every, "timezone": timezone, "overlap": overlap,
+            "grace": grace, "args": args, "limit_key": limit_key, "meta": meta,
+        }
 
-        return schedules.periodic(
-            self,
-            name,
-            task_options={"queue": queue, "max_attempts": max_attempts, "timeout": timeout,
-                          "priority": priority, "backoff": backoff},
-            schedule_options={"cron": cron, "every": every, "timezone": timezone,
-                              "overlap": overlap, "grace": grace, "args": args,
-                              "limit_key": limit_key, "meta": meta},
-        )
+        def decorate(fn: TaskFunction) -> Task[Any]:
+            if isinstance(name, str) and name in self.tasks:
+                raise schedules.refuse(name, "a task of that name is already registered")
+            try:
+                task: Task[Any] = Task(self, fn, name=name, queue=queue,
+                                       max_attempts=max_attempts, timeout=timeout,
+                                       priority=priority, backoff=backoff)
+            except AkadzeError as exc:
+                raise schedules.refuse(name, str(exc)) from None
+            schedule = schedules.build(name, when, tasks=self.tasks, taken=self.schedules,
+                                       task=task)
+            self.tasks[name] = task
+            self.schedules[name] = schedule
+            return task
 
-    def add_schedule(self, name: str, /, **options: Any) -> Any:
+        return decorate
+
+    def add_schedule(self, name: str, /, **options: Unpack[ScheduleOptions]) -> Schedule:
         """Schedule a registered task: ``app.add_schedule("report", task="send_report",
         cron="0 9 * * 1")``; options as for :meth:`periodic` plus ``queue``,
         ``priority`` and ``max_attempts`` of the jobs. Returns the Schedule."""
-        from . import schedules
+        schedule = schedules.from_options(name, options, tasks=self.tasks, taken=self.schedules)
+        self.schedules[name] = schedule
+        return schedule
 
-        return schedules.add_schedule(self, name, **options)
-
-    def add_schedules(self, items: Any) -> list[Any]:
+    def add_schedules(self, items: Iterable[Mapping[str, Any]]) -> list[Schedule]:
         """Register schedules from configuration: a list of mappings with ``name``,
         ``task`` and the options of :meth:`add_schedule`. All or nothing."""
-        from . import schedules
-
-        return list(schedules.add_schedules(self, items))
+        built = schedules.from_entries(items, tasks=self.tasks, taken=self.schedules)
+        for schedule in built:
+            self.schedules[schedule.name] = schedule
+        return built
 
     # -- hooks --------------------------------------------------------------------
 
@@ -258,3 +275,11 @@ class Akadze:
     def __repr__(self) -> str:
         shown = database.describe(self._database_url) if self._database_url else "default"
         return f"<Akadze database={shown} tasks={len(self.tasks)}>"
+
+
+def transition_hooks(session: object, app: Akadze | None) -> list[Hook]:
+    """The on_transition hooks for an operator's call (requeue, cancel): those of ``app``,
+    or of ``session`` when the session is the app itself; none otherwise."""
+    if app is None and isinstance(session, Akadze):
+        app = session
+    return list(app.on_transition_hooks) if app is not None else []

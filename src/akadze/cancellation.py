@@ -14,19 +14,15 @@ when the caller commits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from . import queries, sessions
+from . import dialog, queries
+from .app import Akadze, transition_hooks
+from .dialog import Dialog
 from .errors import JobNotFound
-from .hooks import call_transition_hooks, call_transition_hooks_sync, transition_hooks
+from .hooks import Hook
 from .jobs import ClaimedJob, JobState, check_job_id, job_state_rows
-
-if TYPE_CHECKING:
-    from .app import Akadze
+from .sessions import Session, SyncSession
 
 __all__ = ["request_cancel", "request_cancel_sync"]
-
-
 
 
 def _found(row: tuple[ClaimedJob, JobState] | None, job_id: int) -> tuple[ClaimedJob, str]:
@@ -36,7 +32,23 @@ def _found(row: tuple[ClaimedJob, JobState] | None, job_id: int) -> tuple[Claime
     return job, state.value
 
 
-async def request_cancel(session: Any, job_id: int, *, app: Akadze | None = None) -> bool:
+def _cancel(job_id: object, hooks: list[Hook]) -> Dialog[bool]:
+    checked = check_job_id(job_id)
+    job, state = _found((yield from dialog.one(queries.get("job_for_cancel"), {"id": checked},
+                                            row_factory=job_state_rows)),
+                        checked)
+    if state == "queued":
+        yield from dialog.execute(queries.get("cancel_queued"), {"id": checked, "now": None})
+        yield from dialog.call_hooks(hooks, job, "queued", "cancelled", kind="on_transition",
+                                     where="request_cancel_sync")
+        return True
+    if state == "running":
+        yield from dialog.execute(queries.get("cancel_running"), {"id": checked})
+        return True
+    return False
+
+
+async def request_cancel(session: Session, job_id: int, *, app: Akadze | None = None) -> bool:
     """Cancel job ``job_id``: True when it was queued (now cancelled) or running (its
     worker is told); False when it had finished already. Raises JobNotFound.
 
@@ -44,35 +56,11 @@ async def request_cancel(session: Any, job_id: int, *, app: Akadze | None = None
     source (app, URL, engine, pool: a transaction of its own). ``app``: whose
     on_transition hooks to run (default: ``session`` when it is the app).
     """
-    job_id = check_job_id(job_id)
-    hooks = transition_hooks(session, app)
-    async with sessions.writing(session) as conn:
-        cur = await conn.cursor(row_factory=job_state_rows).execute(
-            queries.get("job_for_cancel"), {"id": job_id})
-        job, state = _found(await cur.fetchone(), job_id)
-        if state == "queued":
-            await conn.execute(queries.get("cancel_queued"), {"id": job_id, "now": None})
-            await call_transition_hooks(hooks, conn, job, "queued", "cancelled")
-            return True
-        if state == "running":
-            await conn.execute(queries.get("cancel_running"), {"id": job_id})
-            return True
-        return False
+    return await dialog.write(session, _cancel(job_id, transition_hooks(session, app)))
 
 
-def request_cancel_sync(session: Any, job_id: int, *, app: Akadze | None = None) -> bool:
-    """The sync twin of :func:`request_cancel`, for sync sessions."""
-    job_id = check_job_id(job_id)
-    hooks = transition_hooks(session, app)
-    with sessions.writing_sync(session) as conn:
-        cur = conn.cursor(row_factory=job_state_rows).execute(
-            queries.get("job_for_cancel"), {"id": job_id})
-        job, state = _found(cur.fetchone(), job_id)
-        if state == "queued":
-            conn.execute(queries.get("cancel_queued"), {"id": job_id, "now": None})
-            call_transition_hooks_sync(hooks, conn, job, "queued", "cancelled")
-            return True
-        if state == "running":
-            conn.execute(queries.get("cancel_running"), {"id": job_id})
-            return True
-        return False
+def request_cancel_sync(
+    session: SyncSession, job_id: int, *, app: Akadze | None = None
+) -> bool:
+    """The sync twin of :func:`request_cancel`, for sync sessions (one dialog for both)."""
+    return dialog.write_sync(session, _cancel(job_id, transition_hooks(session, app)))

@@ -3,7 +3,7 @@
 Each function joins the caller's transaction like an enqueue does (``session``: a psycopg
 connection or a SQLAlchemy connection/session), or runs a transaction of its own when
 given a source (the app, an engine, a pool, a URL). The async functions have ``_sync``
-twins for sync sessions.
+twins for sync sessions; each pair is two thin calls of one dialog (akadze.dialog).
 
 - ``pause_queue``: no worker claims from the queue any more (cluster-wide, through
   ``akadze.queue_pauses``); jobs already running finish normally.
@@ -17,17 +17,15 @@ twins for sync sessions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import psycopg
 
-from . import queries, sessions
+from . import dialog, queries
+from .app import Akadze, transition_hooks
+from .dialog import Dialog
 from .errors import ConfigurationError, DuplicateJob, InvalidJobState, JobNotFound
-from .hooks import call_transition_hooks, call_transition_hooks_sync, transition_hooks
+from .hooks import Hook
 from .jobs import ClaimedJob, JobState, check_job_id, job_rows, job_state_rows
-
-if TYPE_CHECKING:
-    from .app import Akadze
+from .sessions import Session, SyncSession
 
 __all__ = [
     "pause_queue",
@@ -47,8 +45,6 @@ def _check_queue(queue: object) -> str:
     if not isinstance(queue, str) or not queue or "\x00" in queue:
         raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
     return queue
-
-
 
 
 def _check_requeue(row: tuple[ClaimedJob, JobState] | None, job_id: int) -> tuple[str, str]:
@@ -73,101 +69,85 @@ def _check_retry(row: tuple[ClaimedJob, JobState] | None, job_id: int) -> None:
         )
 
 
-# -- async ------------------------------------------------------------------------------
+# -- the operations, written once (akadze.dialog) ---------------------------------------
 
 
-async def pause_queue(session: Any, queue: str) -> bool:
+def _pause(queue: object) -> Dialog[bool]:
+    checked = _check_queue(queue)
+    return (yield from dialog.one(queries.get("queue_pause"), {"queue": checked, "now": None})
+            ) is not None
+
+
+def _resume(queue: object) -> Dialog[bool]:
+    checked = _check_queue(queue)
+    return (yield from dialog.one(queries.get("queue_resume"), {"queue": checked})) is not None
+
+
+def _requeue(job_id: object, hooks: list[Hook]) -> Dialog[None]:
+    checked = check_job_id(job_id)
+    found = yield from dialog.one(queries.get("job_lock"), {"id": checked},
+                                 row_factory=job_state_rows)
+    before, unique_key = _check_requeue(found, checked)
+    try:  # a savepoint: the caller's transaction survives a DuplicateJob
+        row = yield from dialog.transaction(
+            dialog.one(queries.get("job_requeue"), {"id": checked, "now": None},
+                       row_factory=job_rows))
+    except psycopg.errors.UniqueViolation:
+        raise DuplicateJob(unique_key) from None
+    assert row is not None
+    yield from dialog.call_hooks(hooks, row, before, "queued",
+                                 kind="on_transition", where="requeue_sync")
+
+
+def _retry_now(job_id: object) -> Dialog[bool]:
+    checked = check_job_id(job_id)
+    _check_retry((yield from dialog.one(queries.get("job_lock"), {"id": checked},
+                                        row_factory=job_state_rows)), checked)
+    moved = yield from dialog.one(queries.get("job_retry_now"), {"id": checked, "now": None})
+    return moved is not None
+
+
+# -- async, and the sync twins ----------------------------------------------------------
+
+
+async def pause_queue(session: Session, queue: str) -> bool:
     """Pause ``queue`` for every worker; False if it was paused already."""
-    queue = _check_queue(queue)
-    async with sessions.writing(session) as conn:
-        cur = await conn.execute(queries.get("queue_pause"), {"queue": queue, "now": None})
-        return await cur.fetchone() is not None
+    return await dialog.write(session, _pause(queue))
 
 
-async def resume_queue(session: Any, queue: str) -> bool:
+def pause_queue_sync(session: SyncSession, queue: str) -> bool:
+    """The sync twin of :func:`pause_queue`."""
+    return dialog.write_sync(session, _pause(queue))
+
+
+async def resume_queue(session: Session, queue: str) -> bool:
     """Resume ``queue``; False if it was not paused."""
-    queue = _check_queue(queue)
-    async with sessions.writing(session) as conn:
-        cur = await conn.execute(queries.get("queue_resume"), {"queue": queue})
-        return await cur.fetchone() is not None
+    return await dialog.write(session, _resume(queue))
 
 
-async def requeue(session: Any, job_id: int, *, app: Akadze | None = None) -> None:
+def resume_queue_sync(session: SyncSession, queue: str) -> bool:
+    """The sync twin of :func:`resume_queue`."""
+    return dialog.write_sync(session, _resume(queue))
+
+
+async def requeue(session: Session, job_id: int, *, app: Akadze | None = None) -> None:
     """Move a failed or cancelled job back to ``queued`` (see the module docs). Raises
     JobNotFound, InvalidJobState (any other state) or DuplicateJob. ``app``: whose
     on_transition hooks run (default: ``session`` when it is the app)."""
-    job_id = check_job_id(job_id)
-    hooks = transition_hooks(session, app)
-    async with sessions.writing(session) as conn:
-        locked = await conn.cursor(row_factory=job_state_rows).execute(
-            queries.get("job_lock"), {"id": job_id})
-        before, unique_key = _check_requeue(await locked.fetchone(), job_id)
-        try:
-            async with conn.transaction():  # a savepoint: the caller's transaction survives
-                cur = await conn.cursor(row_factory=job_rows).execute(
-                    queries.get("job_requeue"), {"id": job_id, "now": None})
-                job = await cur.fetchone()
-        except psycopg.errors.UniqueViolation:
-            raise DuplicateJob(unique_key) from None
-        assert job is not None
-        await call_transition_hooks(hooks, conn, job, before, "queued")
+    await dialog.write(session, _requeue(job_id, transition_hooks(session, app)))
 
 
-async def retry_now(session: Any, job_id: int) -> bool:
+def requeue_sync(session: SyncSession, job_id: int, *, app: Akadze | None = None) -> None:
+    """The sync twin of :func:`requeue`."""
+    dialog.write_sync(session, _requeue(job_id, transition_hooks(session, app)))
+
+
+async def retry_now(session: Session, job_id: int) -> bool:
     """Make a queued job waiting for its run_at ready now; False if it was ready
     already. Raises JobNotFound, or InvalidJobState when the job is not queued."""
-    job_id = check_job_id(job_id)
-    async with sessions.writing(session) as conn:
-        locked = await conn.cursor(row_factory=job_state_rows).execute(
-            queries.get("job_lock"), {"id": job_id})
-        _check_retry(await locked.fetchone(), job_id)
-        cur = await conn.execute(queries.get("job_retry_now"), {"id": job_id, "now": None})
-        return await cur.fetchone() is not None
+    return await dialog.write(session, _retry_now(job_id))
 
 
-# -- sync -------------------------------------------------------------------------------
-
-
-def pause_queue_sync(session: Any, queue: str) -> bool:
-    """The sync twin of :func:`pause_queue`."""
-    queue = _check_queue(queue)
-    with sessions.writing_sync(session) as conn:
-        return conn.execute(
-            queries.get("queue_pause"), {"queue": queue, "now": None}
-        ).fetchone() is not None
-
-
-def resume_queue_sync(session: Any, queue: str) -> bool:
-    """The sync twin of :func:`resume_queue`."""
-    queue = _check_queue(queue)
-    with sessions.writing_sync(session) as conn:
-        return conn.execute(queries.get("queue_resume"), {"queue": queue}).fetchone() is not None
-
-
-def requeue_sync(session: Any, job_id: int, *, app: Akadze | None = None) -> None:
-    """The sync twin of :func:`requeue`."""
-    job_id = check_job_id(job_id)
-    hooks = transition_hooks(session, app)
-    with sessions.writing_sync(session) as conn:
-        before, unique_key = _check_requeue(conn.cursor(row_factory=job_state_rows).execute(
-            queries.get("job_lock"), {"id": job_id}).fetchone(), job_id)
-        try:
-            with conn.transaction():
-                job = conn.cursor(row_factory=job_rows).execute(
-                    queries.get("job_requeue"), {"id": job_id, "now": None}
-                ).fetchone()
-        except psycopg.errors.UniqueViolation:
-            raise DuplicateJob(unique_key) from None
-        assert job is not None
-        call_transition_hooks_sync(hooks, conn, job, before, "queued")
-
-
-def retry_now_sync(session: Any, job_id: int) -> bool:
+def retry_now_sync(session: SyncSession, job_id: int) -> bool:
     """The sync twin of :func:`retry_now`."""
-    job_id = check_job_id(job_id)
-    with sessions.writing_sync(session) as conn:
-        _check_retry(conn.cursor(row_factory=job_state_rows).execute(
-            queries.get("job_lock"), {"id": job_id}).fetchone(), job_id)
-        return conn.execute(
-            queries.get("job_retry_now"), {"id": job_id, "now": None}
-        ).fetchone() is not None
+    return dialog.write_sync(session, _retry_now(job_id))

@@ -9,7 +9,7 @@ from urllib.parse import urlencode, urlsplit
 
 import psycopg
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DatabaseUnavailable
 
 ENV_URL = "AKADZE_DATABASE_URL"
 
@@ -113,7 +113,12 @@ async def connect_async(
 
 
 def _cannot_connect(url: str, exc: Exception) -> ConfigurationError:
-    """One masked line for a failed connection. ValueError covers host names that cannot
-    be encoded (UnicodeError) and malformed conninfo strings."""
+    """One masked line for a failed connection: DatabaseUnavailable when the server could
+    not be reached or refused the login (OperationalError), a plain ConfigurationError
+    when libpq could not even use the URL (ProgrammingError: an unknown option;
+    ValueError: a host name that cannot be encoded, a malformed conninfo string)."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return ConfigurationError(f"cannot connect to {describe(url)}: {mask_password(reason)}")
+    message = f"cannot connect to {describe(url)}: {mask_password(reason)}"
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailable(message)
+    return ConfigurationError(message)

@@ -9,97 +9,89 @@
 
 Everything is validated before the first statement (a bad option or argument raises
 :class:`~akadze.errors.EnqueueError` naming it, and nothing is inserted). The pure
-checks and the COPY formatting live in :mod:`akadze.jobspec`; this module does the I/O,
-once for psycopg's sync API and once for its async API.
+checks and the COPY formatting live in :mod:`akadze.jobspec` (arguments in
+:mod:`akadze.arguments`); this module does the I/O, each insert written once as a dialog
+(:mod:`akadze.dialog`) that the async methods and their ``_sync`` twins run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import pq, sql
 from psycopg.types.json import Jsonb
 
-from . import queries, sessions
+from . import dialog, hooks, queries, sessions
+from .clock import Clock
+from .dialog import Dialog
 from .errors import ConfigurationError, DuplicateJob, EnqueueError, UnknownTask
-from .jobspec import (
-    Batch,
-    Job,
-    Options,
-    Pending,
-    build_batch,
-    build_options,
-    build_pending,
-    check_bulk,
-)
-
-if TYPE_CHECKING:
-    from .tasks import Task
+from .hooks import Hook
+from .jobspec import Batch, Job, Options, Pending, TaskSpec, build_batch, build_pending, check_bulk
+from .sessions import Session, SyncSession
 
 __all__ = ["Enqueuer", "Job"]
 
 UNIQUE_INDEX = "jobs_active_unique_idx"
 
-Hook = Callable[..., Any]
+T = TypeVar("T")
+
+
+class EnqueueApp(Protocol):
+    """The app as enqueueing sees it (akadze.Akadze is one)."""
+
+    @property
+    def database_url(self) -> str: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def tasks(self) -> Mapping[str, object]: ...
+
+    @property
+    def on_enqueue_hooks(self) -> Sequence[Hook]: ...
+
+
+class EnqueueTask(TaskSpec, Protocol):
+    """A task as enqueueing sees it (akadze.Task is one)."""
+
+    @property
+    def app(self) -> EnqueueApp: ...
 
 
 class Enqueuer:
-    """A task with enqueue options, ready to insert jobs. Made by ``task.using(...)``.
+    """A task with checked enqueue options, ready to insert jobs. Made by
+    ``task.using(...)``.
 
     ``session`` is the caller's psycopg connection or SQLAlchemy connection/session
     (the job joins its transaction), or ``None`` for the app's own database in a
     transaction of its own, committed before the call returns.
     """
 
-    def __init__(
-        self,
-        task: Task[Any],
-        *,
-        session: Any = None,
-        delay: timedelta | float | None = None,
-        run_at: datetime | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        unique_key: str | None = None,
-        limit_key: str | None = None,
-        expires_at: datetime | None = None,
-        meta: Mapping[str, Any] | None = None,
-        queue: str | None = None,
-    ) -> None:
+    def __init__(self, task: EnqueueTask, *, session: Session | SyncSession = None,
+                 options: Options) -> None:
         self.task = task
         self.session = session
-        self.options: Options = build_options(
-            task,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            unique_key=unique_key,
-            limit_key=limit_key,
-            expires_at=expires_at,
-            meta=meta,
-            queue=queue,
-        )
+        self.options = options
 
-    # -- async ------------------------------------------------------------------------
+    # -- async, and the sync twins: thin calls of the dialogs below ---------------------
 
     async def enqueue(self, /, **kwargs: Any) -> int:
         """Insert one job; return its id. Raises EnqueueError (nothing inserted), or
         DuplicateJob when an active job holds the ``unique_key`` (the caller's
         transaction stays usable)."""
         pending = self._pending(kwargs)
-        hooks = _hooks(self.task, sync=False)
-        if sessions.is_source(self.session):
-            async with sessions.writing(self._source()) as conn:
-                return await _insert_one(conn, pending, hooks, guard=False)
-        conn = await self._joined_async("enqueue")
-        guard = pending.options.unique_key is not None or bool(hooks)
-        return await _insert_one(conn, pending, hooks, guard=guard)
+        return await self._run("enqueue", lambda joined: self._one(pending, joined))
+
+    def enqueue_sync(self, /, **kwargs: Any) -> int:
+        """The sync twin of :meth:`enqueue` (psycopg ``Connection``, SQLAlchemy
+        ``Connection``/``Session``): for Django, Flask and scripts."""
+        pending = self._pending(kwargs)
+        hooks.check_plain(self.task.app.on_enqueue_hooks, "on_enqueue", "enqueue_sync")
+        return self._run_sync("enqueue_sync", lambda joined: self._one(pending, joined))
 
     async def enqueue_many(self, items: Iterable[Mapping[str, Any] | Job], /) -> list[int]:
         """Insert one job per item with COPY; return the ids in item order. Every item
@@ -107,40 +99,17 @@ class Enqueuer:
         listed = self._items(items)
         if not listed:
             return []
-        hooks = _hooks(self.task, sync=False)
-        if sessions.is_source(self.session):
-            async with sessions.writing(self._source()) as conn:
-                return await _insert_many(conn, self, listed, hooks, guard=False)
-        conn = await self._joined_async("enqueue_many")
-        return await _insert_many(conn, self, listed, hooks, guard=True)
-
-    # -- sync -------------------------------------------------------------------------
-
-    def enqueue_sync(self, /, **kwargs: Any) -> int:
-        """The sync twin of :meth:`enqueue` (psycopg ``Connection``, SQLAlchemy
-        ``Connection``/``Session``): for Django, Flask and scripts."""
-        pending = self._pending(kwargs)
-        hooks = _hooks(self.task, sync=True)
-        if sessions.is_source(self.session):
-            with sessions.writing_sync(self._source()) as conn:
-                return _insert_one_sync(conn, pending, hooks, guard=False)
-        conn = self._joined_sync("enqueue_sync")
-        guard = pending.options.unique_key is not None or bool(hooks)
-        return _insert_one_sync(conn, pending, hooks, guard=guard)
+        return await self._run("enqueue_many", lambda joined: self._many(listed, joined))
 
     def enqueue_many_sync(self, items: Iterable[Mapping[str, Any] | Job], /) -> list[int]:
         """The sync twin of :meth:`enqueue_many`."""
         listed = self._items(items)
         if not listed:
             return []
-        hooks = _hooks(self.task, sync=True)
-        if sessions.is_source(self.session):
-            with sessions.writing_sync(self._source()) as conn:
-                return _insert_many_sync(conn, self, listed, hooks, guard=False)
-        conn = self._joined_sync("enqueue_many_sync")
-        return _insert_many_sync(conn, self, listed, hooks, guard=True)
+        hooks.check_plain(self.task.app.on_enqueue_hooks, "on_enqueue", "enqueue_many_sync")
+        return self._run_sync("enqueue_many_sync", lambda joined: self._many(listed, joined))
 
-    # -- shared -----------------------------------------------------------------------
+    # -- shared -------------------------------------------------------------------------
 
     def _pending(self, kwargs: dict[str, Any]) -> Pending:
         _check_registered(self.task)
@@ -151,13 +120,24 @@ class Enqueuer:
         check_bulk(self.options, items)
         return items if isinstance(items, list) else list(items)
 
-    def _batch(self, items: list[Mapping[str, Any] | Job]) -> Batch:
-        return build_batch(self.task, self.options, items)
+    def _one(self, pending: Pending, joined: bool) -> Dialog[int]:
+        # A savepoint only where a failure must leave the caller's transaction usable.
+        hooks = list(self.task.app.on_enqueue_hooks)
+        guard = joined and (pending.options.unique_key is not None or bool(hooks))
+        return insert_one(pending, hooks, guard=guard)
 
-    def _source(self) -> Any:
-        return self.task.app if self.session is None else self.session
+    def _many(self, items: list[Mapping[str, Any] | Job], joined: bool) -> Dialog[list[int]]:
+        return insert_many(lambda: build_batch(self.task, self.options, items), len(items),
+                           list(self.task.app.on_enqueue_hooks), guard=joined)
 
-    async def _joined_async(self, method: str) -> psycopg.AsyncConnection[Any]:
+    def _source(self) -> Any:  # a source of either flavour: the session is checked later
+        return self.task.app.database_url if self.session is None else self.session
+
+    async def _run(self, method: str, make: Callable[[bool], Dialog[T]]) -> T:
+        """Run the dialog ``make(joined)`` on the session: joined to its transaction, or
+        in a connection and transaction of its own for a source."""
+        if sessions.is_source(self.session):
+            return await dialog.write(self._source(), make(False))
         if sessions.is_sync_session(self.session):
             raise ConfigurationError(
                 f"{sessions.type_name(self.session)} is a synchronous session: call "
@@ -165,24 +145,26 @@ class Enqueuer:
             )
         conn = await sessions.async_connection(self.session)
         _check_transaction(conn)
-        return conn
+        return await dialog.run_async(conn, make(True))
 
-    def _joined_sync(self, method: str) -> psycopg.Connection[Any]:
+    def _run_sync(self, method: str, make: Callable[[bool], Dialog[T]]) -> T:
+        """The sync twin of :meth:`_run`."""
+        if sessions.is_source(self.session):
+            return dialog.write_sync(self._source(), make(False))
         if sessions.is_async_session(self.session):
-            async_name = method.removesuffix("_sync")
             raise ConfigurationError(
                 f"{sessions.type_name(self.session)} is an asynchronous session: "
-                f"await {async_name}(...) instead of calling {method}(...)"
+                f"await {method.removesuffix('_sync')}(...) instead of calling {method}(...)"
             )
         conn = sessions.sync_connection(self.session)
         _check_transaction(conn)
-        return conn
+        return dialog.run_sync(conn, make(True))
 
     def __repr__(self) -> str:
         return f"<Enqueuer task={self.task.name!r} queue={self.options.queue!r}>"
 
 
-def _check_registered(task: Task[Any]) -> None:
+def _check_registered(task: EnqueueTask) -> None:
     if task.app.tasks.get(task.name) is not task:
         raise UnknownTask(
             f"task {task.name!r} is not registered on its app; register it with "
@@ -206,37 +188,6 @@ def _check_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[A
             "or pass session=None to enqueue in a transaction of its own",
             field="session",
         )
-
-
-# -- hooks ------------------------------------------------------------------------------
-
-
-def _is_async_callable(hook: Hook) -> bool:
-    return inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
-        getattr(hook, "__call__", None)  # noqa: B004 - an object with async __call__
-    )
-
-
-def _hooks(task: Task[Any], *, sync: bool) -> list[Hook]:
-    hooks = list(task.app.on_enqueue_hooks)
-    if sync:
-        for hook in hooks:
-            if _is_async_callable(hook):
-                raise ConfigurationError(
-                    f"on_enqueue hook {getattr(hook, '__qualname__', hook)!r} is async and "
-                    "cannot run in a sync enqueue; use await enqueue(...) with an async "
-                    "session, or make the hook a plain function"
-                )
-    return hooks
-
-
-def _async_result_in_sync(hook: Hook, result: Any) -> ConfigurationError:
-    if inspect.iscoroutine(result):
-        result.close()  # never awaited: close it so that no warning is printed
-    return ConfigurationError(
-        f"on_enqueue hook {getattr(hook, '__qualname__', hook)!r} returned an awaitable "
-        "in a sync enqueue; sync enqueues run plain hooks only"
-    )
 
 
 # -- one job ----------------------------------------------------------------------------
@@ -265,73 +216,38 @@ def _duplicate(exc: psycopg.errors.UniqueViolation, pending: Pending) -> Duplica
     return None
 
 
-async def _insert_one(
-    conn: psycopg.AsyncConnection[Any], pending: Pending, hooks: list[Hook], *, guard: bool
-) -> int:
-    if guard:
-        await conn.execute(queries.get("savepoint_enqueue"))
-    try:
-        cur = await conn.execute(queries.get("enqueue_job"), _params(pending))
-        row = await cur.fetchone()
-        assert row is not None
-        job_id, run_at = row
-        if hooks:
-            job = pending.enqueued(job_id, run_at)
-            for hook in hooks:
-                result = hook(conn, job)
-                if inspect.isawaitable(result):
-                    await result
-    except psycopg.errors.UniqueViolation as exc:
-        if guard:
-            await conn.execute(queries.get("rollback_to_savepoint_enqueue"))
-        raise _duplicate(exc, pending) or exc from None
-    except BaseException:
-        if guard:
-            await _rollback_quietly(conn)
-        raise
-    if guard:
-        await conn.execute(queries.get("release_savepoint_enqueue"))
-    return int(job_id)
-
-
-def _insert_one_sync(
-    conn: psycopg.Connection[Any], pending: Pending, hooks: list[Hook], *, guard: bool
-) -> int:
-    if guard:
-        conn.execute(queries.get("savepoint_enqueue"))
-    try:
-        row = conn.execute(queries.get("enqueue_job"), _params(pending)).fetchone()
-        assert row is not None
-        job_id, run_at = row
-        if hooks:
-            job = pending.enqueued(job_id, run_at)
-            for hook in hooks:
-                result = hook(conn, job)
-                if inspect.isawaitable(result):
-                    raise _async_result_in_sync(hook, result)
-    except psycopg.errors.UniqueViolation as exc:
-        if guard:
-            conn.execute(queries.get("rollback_to_savepoint_enqueue"))
-        raise _duplicate(exc, pending) or exc from None
-    except BaseException:
-        if guard:
-            _rollback_quietly_sync(conn)
-        raise
-    if guard:
-        conn.execute(queries.get("release_savepoint_enqueue"))
-    return int(job_id)
-
-
-async def _rollback_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
+def _rollback_quietly() -> Dialog[None]:
     # The original error is what the caller needs to see; a failure to roll back
     # (a broken connection) leaves the transaction to the caller's own rollback.
     with contextlib.suppress(psycopg.Error):
-        await conn.execute(queries.get("rollback_to_savepoint_enqueue"))
+        yield from dialog.execute(queries.get("rollback_to_savepoint_enqueue"))
 
 
-def _rollback_quietly_sync(conn: psycopg.Connection[Any]) -> None:
-    with contextlib.suppress(psycopg.Error):
-        conn.execute(queries.get("rollback_to_savepoint_enqueue"))
+def insert_one(pending: Pending, on_enqueue: Sequence[Hook], *, guard: bool) -> Dialog[int]:
+    """Insert one checked job and run the on_enqueue hooks; return its id. ``guard``:
+    inside a savepoint, so that a DuplicateJob or a failing hook leaves the caller's
+    transaction usable (also the fires of schedules, akadze.schedules)."""
+    if guard:
+        yield from dialog.execute(queries.get("savepoint_enqueue"))
+    try:
+        row = yield from dialog.one(queries.get("enqueue_job"), _params(pending))
+        assert row is not None
+        job_id, run_at = row
+        yield from dialog.call_hooks(on_enqueue, pending.enqueued(job_id, run_at),
+                                     kind="on_enqueue", where="a sync enqueue")
+    except GeneratorExit:
+        raise
+    except psycopg.errors.UniqueViolation as exc:
+        if guard:
+            yield from dialog.execute(queries.get("rollback_to_savepoint_enqueue"))
+        raise _duplicate(exc, pending) or exc from None
+    except BaseException:
+        if guard:
+            yield from _rollback_quietly()
+        raise
+    if guard:
+        yield from dialog.execute(queries.get("release_savepoint_enqueue"))
+    return int(job_id)
 
 
 # -- many jobs ----------------------------------------------------------------------------
@@ -356,87 +272,44 @@ def _ids(first: int, listed: Sequence[int] | None, count: int) -> list[int]:
 # COPY chunk is serialized and formatted while the server ingests the previous one.
 
 
-async def _insert_many(
-    conn: psycopg.AsyncConnection[Any],
-    enqueuer: Enqueuer,
-    items: list[Mapping[str, Any] | Job],
-    hooks: list[Hook],
-    *,
-    guard: bool,
-) -> list[int]:
+def insert_many(
+    make_batch: Callable[[], Batch], count: int, on_enqueue: Sequence[Hook], *, guard: bool
+) -> Dialog[list[int]]:
+    """Insert ``count`` jobs with COPY; ``make_batch`` checks them (while the server
+    reserves their ids). Returns the ids in item order."""
     sent = False
+
+    def reserve() -> Dialog[tuple[Batch, Any]]:
+        nonlocal sent
+        if guard:
+            yield from dialog.execute(queries.get("savepoint_enqueue"))
+        sent = True
+        reserved = yield from dialog.send(queries.get("reserve_job_ids"), {"count": count})
+        batch = make_batch()
+        keys = batch.keys()
+        if keys:
+            limited = yield from dialog.send(queries.get("limited_keys"), {"keys": Jsonb(keys)})
+        row = yield from dialog.fetch_one(reserved)
+        if keys:
+            batch.limited_keys = frozenset(r[0] for r in (yield from dialog.fetch_all(limited)))
+        return batch, row
+
     try:
-        async with conn.pipeline():
-            if guard:
-                await conn.execute(queries.get("savepoint_enqueue"))
-            sent = True
-            cur = await conn.execute(queries.get("reserve_job_ids"), {"count": len(items)})
-            batch = enqueuer._batch(items)
-            keys = batch.keys()
-            if keys:
-                limited = await conn.execute(queries.get("limited_keys"), {"keys": Jsonb(keys)})
-            row = await cur.fetchone()
-            if keys:
-                batch.limited_keys = frozenset(r[0] for r in await limited.fetchall())
+        batch, row = yield from dialog.pipeline(reserve())
         assert row is not None
         now, first, listed = row
         ids = _ids(first, listed, batch.size)
-        async with conn.cursor().copy(_copy_statement(batch)) as copy:
-            for chunk in batch.copy_chunks(ids, now):
-                await copy.write(chunk)
-        if hooks:
+        yield from dialog.copy_in(_copy_statement(batch), batch.copy_chunks(ids, now))
+        if on_enqueue:
             for job in batch.enqueued(ids, now):
-                for hook in hooks:
-                    result = hook(conn, job)
-                    if inspect.isawaitable(result):
-                        await result
+                yield from dialog.call_hooks(on_enqueue, job, kind="on_enqueue",
+                                             where="a sync enqueue_many")
+    except GeneratorExit:
+        raise
     except BaseException:
         if guard and sent:
-            await _rollback_quietly(conn)
+            yield from _rollback_quietly()
         raise
     if guard:
-        await conn.execute(queries.get("release_savepoint_enqueue"))
-    return ids
-
-
-def _insert_many_sync(
-    conn: psycopg.Connection[Any],
-    enqueuer: Enqueuer,
-    items: list[Mapping[str, Any] | Job],
-    hooks: list[Hook],
-    *,
-    guard: bool,
-) -> list[int]:
-    sent = False
-    try:
-        with conn.pipeline():
-            if guard:
-                conn.execute(queries.get("savepoint_enqueue"))
-            sent = True
-            cur = conn.execute(queries.get("reserve_job_ids"), {"count": len(items)})
-            batch = enqueuer._batch(items)
-            keys = batch.keys()
-            if keys:
-                limited = conn.execute(queries.get("limited_keys"), {"keys": Jsonb(keys)})
-            row = cur.fetchone()
-            if keys:
-                batch.limited_keys = frozenset(r[0] for r in limited.fetchall())
-        assert row is not None
-        now, first, listed = row
-        ids = _ids(first, listed, batch.size)
-        with conn.cursor().copy(_copy_statement(batch)) as copy:
-            for chunk in batch.copy_chunks(ids, now):
-                copy.write(chunk)
-        if hooks:
-            for job in batch.enqueued(ids, now):
-                for hook in hooks:
-                    result = hook(conn, job)
-                    if inspect.isawaitable(result):
-                        raise _async_result_in_sync(hook, result)
-    except BaseException:
-        if guard and sent:
-            _rollback_quietly_sync(conn)
-        raise
-    if guard:
-        conn.execute(queries.get("release_savepoint_enqueue"))
+        yield from dialog.execute(queries.get("release_savepoint_enqueue"))
     return ids

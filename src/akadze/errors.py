@@ -1,4 +1,9 @@
-"""The akadze error hierarchy: every error akadze raises derives from AkadzeError."""
+"""The akadze error hierarchy: every error akadze raises derives from AkadzeError.
+
+Every error class akadze defines lives here. An error says what went wrong, not how a
+program reports it: the command line chooses its exit code from the class (see
+``akadze.cli`` and ``docs/reference/cli.md``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,18 @@ class AkadzeError(Exception):
 
 class ConfigurationError(AkadzeError):
     """Invalid settings: a bad database URL, an unknown option, a duplicate task name."""
+
+
+class DatabaseUnavailable(ConfigurationError):
+    """The database server could not be reached with the given URL: it is down, the
+    host or port is wrong, or it refused the login. A ConfigurationError too (the URL
+    may be what is wrong), but a failure rather than bad usage for the command line."""
+
+
+class AsyncHookError(ConfigurationError):
+    """An async hook (``async def``, or a hook returning an awaitable) met a sync path:
+    a ``_sync`` function, a sync claim, a plain task's own transaction. Nothing it
+    would have written is kept."""
 
 
 class MigrationError(AkadzeError):
@@ -50,16 +67,16 @@ class ScheduleError(AkadzeError):
     """A periodic schedule was refused (bad cron, interval, zone or task)."""
 
 
+class FilterError(AkadzeError):
+    """A filter of ``list_jobs`` (or a job id of ``get_job``) was refused."""
+
+
 class JobNotFound(AkadzeError):
     """No job with that id."""
-
-    exit_code = 1  # the CLI exits 1 (a failure), not 2 (bad usage)
 
 
 class InvalidJobState(AkadzeError):
     """The job is not in a state that allows the requested operation."""
-
-    exit_code = 1  # the CLI exits 1 (a refused operation), not 2 (bad usage)
 
 
 class EmbeddedServerError(AkadzeError):

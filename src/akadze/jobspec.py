@@ -1,5 +1,11 @@
-"""Jobs to be enqueued, checked: options, arguments, meta, and the COPY rows of a bulk
-insert. Pure code (no I/O), shared by the sync and async enqueue paths.
+"""Jobs to be enqueued, checked: their options, and the COPY rows of a bulk insert. Pure
+code (no I/O), shared by the sync and async enqueue paths and by schedules.
+
+The enqueue options are listed once, as typed dicts: :class:`PlacementOptions` (what a
+schedule can give its jobs too), :class:`JobOptions` (an item of ``enqueue_many``,
+:class:`Job`) and :class:`EnqueueOptions` (``task.using(...)``). :func:`build_options`
+checks them into an :class:`Options`, task defaults filled in. Arguments are checked
+by :mod:`akadze.arguments`.
 
 Every check raises :class:`~akadze.errors.EnqueueError` naming the field, before any
 statement is sent, so that a refused enqueue inserts nothing.
@@ -9,22 +15,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
-import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypedDict, Unpack
 
-import pydantic
-import pydantic_core
-
+from . import arguments
+from .arguments import HasArguments
+from .clock import Clock
 from .errors import EnqueueError
 from .jobs import EnqueuedJob
-from .tasks import _check_max_attempts, _check_priority
-
-if TYPE_CHECKING:
-    from .tasks import Task
 
 # meta is a small label, GIN-indexed: its compact JSON form (UTF-8) is capped.
 META_MAX_BYTES = 8 * 1024
@@ -39,13 +39,52 @@ FLOAT_EXACT_LIMIT = 1e16
 # Rows per chunk handed to COPY: the next chunk is formatted while the server
 # ingests the previous one.
 COPY_CHUNK_ROWS = 5_000
+# The columns of a smallint priority and an integer max_attempts.
+PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
+MAX_ATTEMPTS_MAX = 2**31 - 1
 
 _NO_DELAY = timedelta(0)
-# A NUL escape in JSON text: "\u0000" preceded by an even number of backslashes.
-_JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+# -- the options, listed once --------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+class PlacementOptions(TypedDict, total=False):
+    """Where and how a job runs: the options a schedule gives its jobs too."""
+
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    limit_key: str | None
+    meta: Mapping[str, Any] | None
+
+
+class JobOptions(PlacementOptions, total=False):
+    """The options of one job of a bulk insert (:class:`Job`)."""
+
+    delay: timedelta | float | None
+    run_at: datetime | None
+    expires_at: datetime | None
+
+
+class EnqueueOptions(JobOptions, total=False):
+    """The options of ``task.using(...)``: a job's options plus ``unique_key``, which bulk
+    inserts do not take (one duplicate would abort the whole COPY)."""
+
+    unique_key: str | None
+
+
+def check_option_names(given: Mapping[str, object], allowed: type[Any], where: str) -> None:
+    """Refuse option names ``allowed`` (one of the typed dicts above) does not list, as
+    Python refuses an unknown keyword argument."""
+    known: frozenset[str] = allowed.__required_keys__ | allowed.__optional_keys__
+    unknown = sorted(set(given) - known)
+    if unknown:
+        hint = (" (unique_key is not available in bulk: enqueue such jobs one at a time)"
+                if "unique_key" in unknown else "")
+        raise TypeError(f"{where} got an unexpected keyword argument {unknown[0]!r}{hint}")
+
+
+@dataclass(frozen=True, init=False)
 class Job:
     """One item of ``enqueue_many`` with options of its own::
 
@@ -56,16 +95,14 @@ class Job:
     available in bulk (one duplicate would abort the whole COPY).
     """
 
-    args: Mapping[str, Any] = field(default_factory=dict)
-    _: KW_ONLY
-    delay: timedelta | float | None = None
-    run_at: datetime | None = None
-    priority: int | None = None
-    max_attempts: int | None = None
-    limit_key: str | None = None
-    expires_at: datetime | None = None
-    meta: Mapping[str, Any] | None = None
-    queue: str | None = None
+    args: Mapping[str, Any]
+    options: JobOptions
+
+    def __init__(self, args: Mapping[str, Any] | None = None,
+                 **options: Unpack[JobOptions]) -> None:
+        check_option_names(options, JobOptions, "Job()")
+        object.__setattr__(self, "args", {} if args is None else args)
+        object.__setattr__(self, "options", options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +130,57 @@ class Options:
         return self.run_at is not None or self.delay != _NO_DELAY
 
 
+class _HasClock(Protocol):
+    @property
+    def clock(self) -> Clock: ...
+
+
+class TaskSpec(HasArguments, Protocol):
+    """A task as building its jobs sees it (akadze.Task is one): its name, argument
+    type, defaults, and the clock of its app (for the range of a delay)."""
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def max_attempts(self) -> int: ...
+
+    @property
+    def app(self) -> _HasClock: ...
+
+
 def _refuse(where: str, message: str, field: str | None) -> EnqueueError:
     return EnqueueError(f"{where}{message}", field=field)
 
 
 # -- options ------------------------------------------------------------------------------
+
+
+def check_priority(value: object, where: str = "") -> int:
+    """A priority: an integer of the smallint range (higher runs first)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _refuse(where, f"priority must be an integer, got {value!r}", "priority")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise _refuse(
+            where, f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}, got {value}",
+            "priority",
+        )
+    return value
+
+
+def check_max_attempts(value: object, where: str = "") -> int:
+    """How many runs a job gets: 1 to 2^31-1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _refuse(where, f"max_attempts must be an integer, got {value!r}", "max_attempts")
+    if not 1 <= value <= MAX_ATTEMPTS_MAX:
+        raise _refuse(
+            where, f"max_attempts must be between 1 and {MAX_ATTEMPTS_MAX}, got {value}",
+            "max_attempts",
+        )
+    return value
 
 
 def check_text(value: object, field: str, where: str = "") -> str:
@@ -221,37 +304,33 @@ def check_meta(value: object, where: str = "") -> tuple[dict[str, Any], str]:
     return plain, text
 
 
+def default_options(task: TaskSpec) -> Options:
+    """The options of a job of ``task`` given none: the task's defaults."""
+    return Options(
+        queue=task.queue, priority=task.priority, max_attempts=task.max_attempts,
+        run_at=None, delay=_NO_DELAY, limit_key=None, unique_key=None, expires_at=None,
+        meta={}, meta_json="{}",
+    )
+
+
 def build_options(
-    task: Task[Any],
-    *,
-    base: Options | None = None,
-    where: str = "",
-    delay: object = None,
-    run_at: object = None,
-    priority: object = None,
-    max_attempts: object = None,
-    unique_key: object = None,
-    limit_key: object = None,
-    expires_at: object = None,
-    meta: object = None,
-    queue: object = None,
+    task: TaskSpec, given: Mapping[str, object], *, base: Options | None = None, where: str = ""
 ) -> Options:
-    """Checked options; left-out ones come from ``base``, else from the task."""
+    """Checked options from ``given`` (an EnqueueOptions, or a Job's options); those left
+    out (or None) come from ``base``, else from the task."""
+    delay, run_at, expires_at = given.get("delay"), given.get("run_at"), given.get("expires_at")
+    priority, max_attempts = given.get("priority"), given.get("max_attempts")
+    queue, limit_key, unique_key = given.get("queue"), given.get("limit_key"), given.get(
+        "unique_key")
+    meta = given.get("meta")
     if delay is not None and run_at is not None:
         raise _refuse(where, "give delay or run_at, not both", "delay")
     if base is None:
-        base = Options(
-            queue=task.queue, priority=task.priority, max_attempts=task.max_attempts,
-            run_at=None, delay=_NO_DELAY, limit_key=None, unique_key=None, expires_at=None,
-            meta={}, meta_json="{}",
-        )
-    try:
-        checked_priority = base.priority if priority is None else _check_priority(priority)
-        checked_attempts = (
-            base.max_attempts if max_attempts is None else _check_max_attempts(max_attempts)
-        )
-    except EnqueueError as exc:
-        raise _refuse(where, str(exc), exc.field) from None
+        base = default_options(task)
+    checked_priority = base.priority if priority is None else check_priority(priority, where)
+    checked_attempts = (
+        base.max_attempts if max_attempts is None else check_max_attempts(max_attempts, where)
+    )
     if delay is None and run_at is None:
         checked_run_at, checked_delay = base.run_at, base.delay
     elif run_at is not None:
@@ -282,59 +361,7 @@ def build_options(
     )
 
 
-# -- arguments ----------------------------------------------------------------------------
-
-
-def json_problem(data: bytes) -> str | None:
-    """What jsonb cannot store in this JSON text, if anything: NUL characters (PostgreSQL
-    text cannot hold them) or NaN/Infinity (not JSON)."""
-    if b"\\u0000" in data and _JSON_NUL.search(data):
-        return "contain a NUL character (\\u0000), which PostgreSQL cannot store"
-    if b"NaN" in data or b"Infinity" in data:
-        try:
-            json.loads(data, parse_constant=_no_constant)
-        except ValueError:
-            return "contain NaN or Infinity, which JSON cannot store"
-    return None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(name)
-
-
-def _argument_with_problem(data: bytes) -> str | None:
-    """The top-level argument that holds what json_problem found (for the message)."""
-    try:
-        loaded = json.loads(data, parse_constant=float)
-    except ValueError:  # pragma: no cover - the text came from a JSON serializer
-        return None
-    for name, value in loaded.items():
-        if json_problem(pydantic_core.to_json(name)) or json_problem(pydantic_core.to_json(value)):
-            return str(name)
-    return None
-
-
-def _describe_errors(task: str, exc: pydantic.ValidationError, skip: int = 0) -> tuple[str, str]:
-    """A message and the first offending field of a validation error; ``skip`` leading
-    location parts (the item index of a list) are left out."""
-    parts: list[str] = []
-    errors = exc.errors()
-    first_field = ""
-    for error in errors[:5]:
-        loc = ".".join(str(part) for part in error.get("loc", ())[skip:]) or "(arguments)"
-        first_field = first_field or loc
-        kind = error.get("type", "")
-        if kind == "missing":
-            parts.append(f"missing argument {loc!r}")
-        elif kind == "extra_forbidden":
-            parts.append(f"unexpected argument {loc!r}")
-        elif kind in ("dict_type", "model_type", "typed_dict_type") and loc == "(arguments)":
-            parts.append("arguments must be a mapping of names to values")
-        else:
-            parts.append(f"argument {loc!r}: {error.get('msg', 'invalid')}")
-    more = len(errors) - 5
-    suffix = f" (and {more} more)" if more > 0 else ""
-    return f"task {task!r}: " + "; ".join(parts) + suffix, first_field
+# -- one job ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,55 +382,15 @@ class Pending:
         )
 
 
-def serialize_args(task: Task[Any], kwargs: Mapping[str, Any], where: str = "") -> str:
-    """Validate a job's arguments; return the JSON text to store. Raises EnqueueError."""
-    # The list adapter of enqueue_many, for one item: the same checks on both paths.
-    adapter = _list_adapter(task)
-    try:
-        validated = adapter.validate_python([kwargs])
-    except pydantic.ValidationError as exc:
-        message, first = _describe_errors(task.name, exc, skip=1)
-        raise _refuse(where, message, first or None) from None
-    try:
-        data = pydantic_core.to_json(
-            adapter.dump_python(validated, mode="json", exclude_unset=True)[0]
-        )
-    except (pydantic_core.PydanticSerializationError, ValueError) as exc:
-        raise _refuse(where, f"task {task.name!r}: arguments are not storable as JSON: {exc}",
-                      None) from None
-    problem = json_problem(data)
-    if problem:
-        name = _argument_with_problem(data)
-        shown = f"argument {name!r}" if name else "arguments"
-        raise _refuse(where, f"task {task.name!r}: {shown} {problem}", name)
-    return data.decode("utf-8")
-
-
-def build_pending(task: Task[Any], options: Options, kwargs: Mapping[str, Any]) -> Pending:
-    return Pending(task=task.name, args_json=serialize_args(task, kwargs), options=options)
+def build_pending(task: TaskSpec, options: Options, kwargs: Mapping[str, Any]) -> Pending:
+    """One job, checked: its arguments (akadze.arguments) and options."""
+    return Pending(task=task.name, args_json=arguments.serialize_args(task, kwargs),
+                   options=options)
 
 
 # -- many jobs ----------------------------------------------------------------------------
 
 _BASE_COLUMNS = ("id", "queue", "task", "args", "priority", "max_attempts")
-_list_adapters: weakref.WeakKeyDictionary[Any, pydantic.TypeAdapter[Any]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _list_adapter(task: Task[Any]) -> pydantic.TypeAdapter[Any]:
-    adapter = _list_adapters.get(task)
-    if adapter is None:
-        adapter = pydantic.TypeAdapter(
-            list[task.args_type],  # type: ignore[name-defined]
-            # A non-finite float inside an ``Any`` argument is written as a bare NaN or
-            # Infinity, which json_problem finds and refuses (pydantic's default writes
-            # null, silently changing the value).
-            config=pydantic.ConfigDict(ser_json_inf_nan="constants"),
-        )
-        _list_adapters[task] = adapter
-    return adapter
-
 
 def copy_text(value: str) -> str:
     """``value`` escaped for COPY's text format."""
@@ -422,7 +409,7 @@ class Batch:
     ``Any`` argument) raises EnqueueError from there, and the caller rolls back.
     """
 
-    task: Task[Any]
+    task: TaskSpec
     options: Options
     arg_dicts: list[Any]
     validated: list[Any]
@@ -465,26 +452,7 @@ class Batch:
         return head, "\t" + "\t".join(tail) + "\n"
 
     def _serialize(self, start: int, stop: int) -> list[str]:
-        adapter = _list_adapter(self.task)
-        try:
-            plain = adapter.dump_python(
-                self.validated[start:stop], mode="json", exclude_unset=True
-            )
-            data = [pydantic_core.to_json(item) for item in plain]
-        except (pydantic_core.PydanticSerializationError, ValueError):
-            self._name_the_item(start, stop)
-            raise  # pragma: no cover - _name_the_item raises
-        # One scan of the chunk; the per-item search runs only when something is found.
-        if json_problem(b"\n".join(data)):
-            for offset, item in enumerate(data):
-                if json_problem(item):
-                    self._name_the_item(start + offset, start + offset + 1)
-        return [item.decode("utf-8") for item in data]
-
-    def _name_the_item(self, start: int, stop: int) -> None:
-        """Raise the EnqueueError of the first item in [start, stop) that cannot be stored."""
-        for index in range(start, stop):
-            serialize_args(self.task, self.arg_dicts[index], where=f"item {index}: ")
+        return arguments.dump_many(self.task, self.validated[start:stop], self.arg_dicts, start)
 
     def copy_chunks(self, ids: Sequence[int], now: datetime) -> Iterator[str]:
         """The COPY text-format data, in chunks of COPY_CHUNK_ROWS rows."""
@@ -544,14 +512,6 @@ def _columns(all_options: Iterable[Options]) -> tuple[str, ...]:
     return (*_BASE_COLUMNS, *extra)
 
 
-def _item_options(task: Task[Any], base: Options, job: Job, index: int) -> Options:
-    return build_options(
-        task, base=base, where=f"item {index}: ", delay=job.delay, run_at=job.run_at,
-        priority=job.priority, max_attempts=job.max_attempts, limit_key=job.limit_key,
-        expires_at=job.expires_at, meta=job.meta, queue=job.queue,
-    )
-
-
 def check_bulk(options: Options, items: object) -> None:
     """What enqueue_many refuses before looking at any item."""
     if options.unique_key is not None:
@@ -569,7 +529,7 @@ def check_bulk(options: Options, items: object) -> None:
 
 
 def build_batch(
-    task: Task[Any], options: Options, items: Iterable[Mapping[str, Any] | Job]
+    task: TaskSpec, options: Options, items: Iterable[Mapping[str, Any] | Job]
 ) -> Batch:
     """Check every item (arguments validated in one pydantic call). Raises EnqueueError
     naming the first bad item."""
@@ -584,7 +544,8 @@ def build_batch(
         elif isinstance(item, Job):
             if item_options is None:
                 item_options = [options] * index
-            item_options.append(_item_options(task, options, item, index))
+            item_options.append(
+                build_options(task, item.options, base=options, where=f"item {index}: "))
             if not isinstance(item.args, Mapping):
                 raise EnqueueError(
                     f"item {index}: Job.args must be a mapping of arguments, got "
@@ -602,17 +563,6 @@ def build_batch(
                 f"{type(item).__name__}",
                 field="items",
             )
-    validated = _validate_many(task, arg_dicts)
+    validated = arguments.validate_many(task, arg_dicts)
     columns = _columns([options] if item_options is None else [options, *item_options])
     return Batch(task, options, arg_dicts, validated, item_options, columns)
-
-
-def _validate_many(task: Task[Any], arg_dicts: list[Any]) -> list[Any]:
-    if not arg_dicts:
-        return []
-    try:
-        return list(_list_adapter(task).validate_python(arg_dicts))
-    except pydantic.ValidationError as exc:
-        index = exc.errors()[0]["loc"][0]
-        message, first = _describe_errors(task.name, exc, skip=1)
-        raise EnqueueError(f"item {index}: {message}", field=first or None) from None

@@ -6,7 +6,8 @@ queue and worker) and a start-rate limit (``max_starts`` starts per sliding
 ``window``). The claim enforces them; this module only edits and reports them.
 
 The first half of the module is a pure core (checking and merging a limit
-setting); the second half is the thin I/O shell, async with ``_sync`` twins.
+setting); the second half is the I/O: each operation written once as a dialog
+(akadze.dialog), run by an async function and its ``_sync`` twin.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any, Final
 
 import psycopg
 
-from . import queries
+from . import dialog, queries
+from .dialog import Dialog
 from .errors import LimitError
 from .jobspec import KEY_MAX_BYTES
-from .sessions import reading, reading_sync, writing, writing_sync
+from .sessions import Session, SyncSession
 
 MAX_KEY_BYTES: Final = KEY_MAX_BYTES  # the same bound as a job's limit_key
 MAX_COUNT: Final = 2**31 - 1  # the columns are PostgreSQL integers
@@ -187,11 +189,43 @@ def _refused(exc: psycopg.Error) -> LimitError:
     return LimitError(f"the limits table refused the setting ({detail})")
 
 
-# -- async shell -----------------------------------------------------------------------
+# -- the operations, written once (akadze.dialog) ---------------------------------------
+
+
+def _set(key: object, max_running: object, max_starts: object, window: object
+         ) -> Dialog[LimitSummary]:
+    checked = check_key(key)
+    _check_inputs(max_running, max_starts, window)
+    row = yield from dialog.one(queries.get("limit_lock"), {"key": checked})
+    current = LimitPolicy(*row) if row else None
+    merged = merge_policy(current, max_running=max_running, max_starts=max_starts, window=window)
+    params = _policy_params(checked, merged, max_running, max_starts, window)
+    try:
+        stored = yield from dialog.transaction(dialog.one(queries.get("limit_upsert"), params))
+    except (psycopg.errors.CheckViolation, psycopg.errors.NotNullViolation) as exc:
+        raise _refused(exc) from None
+    assert stored is not None
+    return _summary(stored)
+
+
+def _clear(key: object) -> Dialog[bool]:
+    checked = check_key(key)
+    _check_isolation((yield from dialog.one(queries.get("limit_isolation"))))
+    existed = (yield from dialog.one(queries.get("limit_delete"), {"key": checked})) is not None
+    yield from dialog.execute(queries.get("limit_delete_marks"), {"key": checked})
+    return existed
+
+
+def _list(now: datetime | None) -> Dialog[list[LimitSummary]]:
+    return [_summary(row) for row in (yield from dialog.rows(queries.get("limit_list"),
+                                                             {"now": now}))]
+
+
+# -- async, and the sync twins ----------------------------------------------------------
 
 
 async def set_limit(
-    session: Any,
+    session: Session,
     key: str,
     *,
     max_running: int | _Keep | None = KEEP,
@@ -204,54 +238,11 @@ async def set_limit(
     the caller's transaction when ``session`` has one open, else in its own.
     Returns the stored policies (usage counts are not read here: see list_limits).
     """
-    key = check_key(key)
-    _check_inputs(max_running, max_starts, window)
-    async with writing(session) as conn:
-        cur = await conn.execute(queries.get("limit_lock"), {"key": key})
-        row = await cur.fetchone()
-        current = LimitPolicy(*row) if row else None
-        merged = merge_policy(
-            current, max_running=max_running, max_starts=max_starts, window=window
-        )
-        params = _policy_params(key, merged, max_running, max_starts, window)
-        try:
-            async with conn.transaction():
-                cur = await conn.execute(queries.get("limit_upsert"), params)
-                stored = await cur.fetchone()
-        except (psycopg.errors.CheckViolation, psycopg.errors.NotNullViolation) as exc:
-            raise _refused(exc) from None
-    assert stored is not None
-    return _summary(stored)
-
-
-async def clear_limit(session: Any, key: str) -> bool:
-    """Remove the limit of ``key`` and its recorded starts. True when there was one."""
-    key = check_key(key)
-    async with writing(session) as conn:
-        cur = await conn.execute(queries.get("limit_isolation"))
-        _check_isolation(await cur.fetchone())
-        cur = await conn.execute(queries.get("limit_delete"), {"key": key})
-        existed = await cur.fetchone() is not None
-        await conn.execute(queries.get("limit_delete_marks"), {"key": key})
-    return existed
-
-
-async def list_limits(source: Any, *, now: datetime | None = None) -> list[LimitSummary]:
-    """Every limit, ordered by key, with its running jobs and starts in the window.
-
-    ``source``: an app, an AsyncEngine, a psycopg AsyncConnection or pool, or a URL.
-    """
-    async with reading(source) as conn:
-        cur = await conn.execute(queries.get("limit_list"), {"now": now})
-        rows = await cur.fetchall()
-    return [_summary(row) for row in rows]
-
-
-# -- sync twins ------------------------------------------------------------------------
+    return await dialog.write(session, _set(key, max_running, max_starts, window))
 
 
 def set_limit_sync(
-    session: Any,
+    session: SyncSession,
     key: str,
     *,
     max_running: int | _Keep | None = KEEP,
@@ -259,39 +250,30 @@ def set_limit_sync(
     window: timedelta | float | _Keep | None = KEEP,
 ) -> LimitSummary:
     """The sync twin of :func:`set_limit`."""
-    key = check_key(key)
-    _check_inputs(max_running, max_starts, window)
-    with writing_sync(session) as conn:
-        row = conn.execute(queries.get("limit_lock"), {"key": key}).fetchone()
-        current = LimitPolicy(*row) if row else None
-        merged = merge_policy(
-            current, max_running=max_running, max_starts=max_starts, window=window
-        )
-        params = _policy_params(key, merged, max_running, max_starts, window)
-        try:
-            with conn.transaction():
-                stored = conn.execute(queries.get("limit_upsert"), params).fetchone()
-        except (psycopg.errors.CheckViolation, psycopg.errors.NotNullViolation) as exc:
-            raise _refused(exc) from None
-    assert stored is not None
-    return _summary(stored)
+    return dialog.write_sync(session, _set(key, max_running, max_starts, window))
 
 
-def clear_limit_sync(session: Any, key: str) -> bool:
+async def clear_limit(session: Session, key: str) -> bool:
+    """Remove the limit of ``key`` and its recorded starts. True when there was one."""
+    return await dialog.write(session, _clear(key))
+
+
+def clear_limit_sync(session: SyncSession, key: str) -> bool:
     """The sync twin of :func:`clear_limit`."""
-    key = check_key(key)
-    with writing_sync(session) as conn:
-        _check_isolation(conn.execute(queries.get("limit_isolation")).fetchone())
-        existed = conn.execute(queries.get("limit_delete"), {"key": key}).fetchone() is not None
-        conn.execute(queries.get("limit_delete_marks"), {"key": key})
-    return existed
+    return dialog.write_sync(session, _clear(key))
 
 
-def list_limits_sync(source: Any, *, now: datetime | None = None) -> list[LimitSummary]:
+async def list_limits(source: Session, *, now: datetime | None = None) -> list[LimitSummary]:
+    """Every limit, ordered by key, with its running jobs and starts in the window.
+
+    ``source``: an app, an AsyncEngine, a psycopg AsyncConnection or pool, or a URL.
+    """
+    return await dialog.read(source, _list(now))
+
+
+def list_limits_sync(source: SyncSession, *, now: datetime | None = None) -> list[LimitSummary]:
     """The sync twin of :func:`list_limits`."""
-    with reading_sync(source) as conn:
-        rows = conn.execute(queries.get("limit_list"), {"now": now}).fetchall()
-    return [_summary(row) for row in rows]
+    return dialog.read_sync(source, _list(now))
 
 
 def _check_isolation(row: tuple[Any, ...] | None) -> None:

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import queries
+from . import dialog, queries
+from .dialog import Dialog
 from .jobs import JobState
-from .overview import QueueSnapshot, WorkerSummary, _snapshots, _worker
-from .sessions import reading, reading_sync
+from .overview import QueueSnapshot, WorkerSummary, read_snapshots, read_workers
+from .sessions import Session, SyncSession
 
 __all__ = ["CONTENT_TYPE", "DEFAULT_WINDOW", "exposition", "render", "render_sync"]
 
@@ -134,33 +135,23 @@ def _finished(rows: Sequence[Sequence[Any]]) -> list[tuple[str, str, int]]:
     return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]
 
 
-async def render(source: Any, *, now: datetime | None = None,
+def _render(now: datetime | None, window: int) -> Dialog[str]:
+    """Read the cluster's state and make the exposition text: one dialog for both APIs."""
+    params = {"now": now, "window": window}
+    snapshots = yield from read_snapshots(None, now)
+    finished = _finished((yield from dialog.rows(queries.get("metrics_finished_recent"), params)))
+    keys = _keys((yield from dialog.rows(queries.get("metrics_running_by_key"), params)))
+    workers = yield from read_workers(now)
+    return exposition(snapshots, finished, keys, workers, window=window)
+
+
+async def render(source: Session, *, now: datetime | None = None,
                  window: int = DEFAULT_WINDOW) -> str:
     """Read the cluster's state from ``source`` and return the exposition text."""
-    params = {"queue": None, "now": now, "window": window}
-    async with reading(source) as conn:
-        async def rows(name: str) -> list[Any]:
-            return await (await conn.execute(queries.get(name), params)).fetchall()
-
-        snapshots = _snapshots(await rows("queue_state_counts"), await rows("queue_ready"),
-                               await rows("queue_pauses_list"), None)
-        finished = _finished(await rows("metrics_finished_recent"))
-        keys = _keys(await rows("metrics_running_by_key"))
-        workers = [_worker(r) for r in await rows("workers_list")]
-    return exposition(snapshots, finished, keys, workers, window=window)
+    return await dialog.read(source, _render(now, window))
 
 
-def render_sync(source: Any, *, now: datetime | None = None,
+def render_sync(source: SyncSession, *, now: datetime | None = None,
                 window: int = DEFAULT_WINDOW) -> str:
     """The sync twin of :func:`render`."""
-    params = {"queue": None, "now": now, "window": window}
-    with reading_sync(source) as conn:
-        def rows(name: str) -> list[Any]:
-            return conn.execute(queries.get(name), params).fetchall()
-
-        snapshots = _snapshots(rows("queue_state_counts"), rows("queue_ready"),
-                               rows("queue_pauses_list"), None)
-        finished = _finished(rows("metrics_finished_recent"))
-        keys = _keys(rows("metrics_running_by_key"))
-        workers = [_worker(r) for r in rows("workers_list")]
-    return exposition(snapshots, finished, keys, workers, window=window)
+    return dialog.read_sync(source, _render(now, window))

@@ -11,25 +11,18 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
 import psycopg
 
-from . import database, queries
+from . import database, dialog, queries
+from .dialog import Dialog
 from .errors import MigrationError
 
 # Advisory lock key for migrations: a fixed 64-bit number ("akadzemg" in ASCII).
 MIGRATION_LOCK = 0x616B61647A656D67
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-
-_BOOTSTRAP = """
-CREATE SCHEMA IF NOT EXISTS akadze;
-CREATE TABLE IF NOT EXISTS akadze.migrations (
-    version    integer PRIMARY KEY,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)
-"""
 
 
 @dataclass(frozen=True)
@@ -75,61 +68,54 @@ def pending_after(applied: set[int]) -> list[Migration]:
     return [m for m in available() if m.version not in applied]
 
 
-_APPLIED = "SELECT version FROM akadze.migrations"
-_HAS_TABLE = "SELECT to_regclass('akadze.migrations') IS NOT NULL"
+# -- the dialogs (akadze.dialog), run on a sync or an async connection ---------------------
 
 
-def _record(migration: Migration) -> tuple[str, tuple[int, str]]:
-    return ("INSERT INTO akadze.migrations (version, name) VALUES (%s, %s)",
-            (migration.version, migration.name))
+def _applied() -> Dialog[set[int]]:
+    return {int(str(row[0])) for row in (yield from dialog.rows(queries.get("migrate_applied")))}
 
 
-def migrate_connection(conn: psycopg.Connection[tuple[object, ...]]) -> list[Migration]:
-    """Apply pending migrations over an open autocommit connection; return those applied."""
+def _migrate_in_transaction() -> Dialog[list[Migration]]:
+    yield from dialog.execute(queries.get("migrate_lock"), {"key": MIGRATION_LOCK})
+    yield from dialog.execute(queries.get("migrate_bootstrap"))
     applied_now: list[Migration] = []
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s::bigint)", (MIGRATION_LOCK,))
-        conn.execute(_BOOTSTRAP)
-        done = {row[0] for row in conn.execute(_APPLIED)}
-        for migration in pending_after({int(str(v)) for v in done}):
-            try:
-                conn.execute(migration.sql)
-            except psycopg.Error as exc:
-                raise MigrationError(
-                    f"migration {migration.version:04d}_{migration.name} failed: {exc}"
-                ) from exc
-            conn.execute(*_record(migration))
-            applied_now.append(migration)
+    for migration in pending_after((yield from _applied())):
+        try:
+            yield from dialog.execute(migration.sql)
+        except psycopg.Error as exc:
+            raise MigrationError(
+                f"migration {migration.version:04d}_{migration.name} failed: {exc}"
+            ) from exc
+        yield from dialog.execute(queries.get("migrate_record"),
+                                  {"version": migration.version, "name": migration.name})
+        applied_now.append(migration)
     return applied_now
 
 
-async def migrate_connection_async(
-    conn: psycopg.AsyncConnection[tuple[object, ...]],
-) -> list[Migration]:
-    applied_now: list[Migration] = []
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(%s::bigint)", (MIGRATION_LOCK,))
-        await conn.execute(_BOOTSTRAP)
-        cur = await conn.execute(_APPLIED)
-        done = {int(str(row[0])) for row in await cur.fetchall()}
-        for migration in pending_after(done):
-            try:
-                await conn.execute(migration.sql)
-            except psycopg.Error as exc:
-                raise MigrationError(
-                    f"migration {migration.version:04d}_{migration.name} failed: {exc}"
-                ) from exc
-            await conn.execute(*_record(migration))
-            applied_now.append(migration)
-    return applied_now
+def _migrate() -> Dialog[list[Migration]]:
+    return (yield from dialog.transaction(_migrate_in_transaction()))
 
 
-def pending_connection(conn: psycopg.Connection[tuple[object, ...]]) -> list[Migration]:
-    """Migrations not yet applied (all of them on a fresh database); writes nothing."""
-    exists = conn.execute(_HAS_TABLE).fetchone()
+def _pending() -> Dialog[list[Migration]]:
+    exists = yield from dialog.one(queries.get("migrate_has_table"))
     if not exists or not exists[0]:
         return list(available())
-    return pending_after({int(str(row[0])) for row in conn.execute(_APPLIED)})
+    return pending_after((yield from _applied()))
+
+
+def migrate_connection(conn: psycopg.Connection[Any]) -> list[Migration]:
+    """Apply pending migrations over an open autocommit connection; return those applied."""
+    return dialog.run_sync(conn, _migrate())
+
+
+async def migrate_connection_async(conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
+    """The async twin of :func:`migrate_connection`."""
+    return await dialog.run_async(conn, _migrate())
+
+
+def pending_connection(conn: psycopg.Connection[Any]) -> list[Migration]:
+    """Migrations not yet applied (all of them on a fresh database); writes nothing."""
+    return dialog.run_sync(conn, _pending())
 
 
 def migrate_sync(url: str | None = None) -> list[Migration]:
@@ -140,8 +126,7 @@ def migrate_sync(url: str | None = None) -> list[Migration]:
 
 async def migrate(url: str | None = None) -> list[Migration]:
     """Async form of :func:`migrate_sync`."""
-    conn = await database.connect_async(database.resolve_url(url))
-    async with conn:
+    async with await database.connect_async(database.resolve_url(url)) as conn:
         return await migrate_connection_async(conn)
 
 

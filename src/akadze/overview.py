@@ -3,7 +3,8 @@
 Every function takes a *source* (see :mod:`akadze.sessions`): the app, a SQLAlchemy
 ``AsyncEngine`` such as ``app.engine`` (what akadze 0.5 accepted), a psycopg
 connection or pool, a URL, or a session. The async functions have ``_sync`` twins
-for sync sources (``Engine``, ``Connection``, ``ConnectionPool``, the app, a URL).
+for sync sources (``Engine``, ``Connection``, ``ConnectionPool``, the app, a URL);
+each pair is two thin calls of one dialog (akadze.dialog).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import Any, overload
 
 from psycopg.rows import dict_row
 
-from . import queries
-from .errors import AkadzeError, JobNotFound
+from . import dialog, queries
+from .dialog import Dialog
+from .errors import FilterError, JobNotFound
 from .jobs import JobState
-from .sessions import reading, reading_sync
+from .sessions import Session, SyncSession
 
 __all__ = [
     "JobSummary",
@@ -38,10 +40,6 @@ __all__ = [
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
-
-
-class FilterError(AkadzeError):
-    """A filter of list_jobs was refused."""
 
 
 @dataclass(frozen=True)
@@ -258,11 +256,49 @@ def _worker(row: Sequence[Any]) -> WorkerSummary:
     )
 
 
-# -- async ------------------------------------------------------------------------------
+# -- the reads, written once (akadze.dialog) --------------------------------------------
+
+
+def _list_jobs(
+    queue: str | None,
+    state: JobState | str | Sequence[JobState | str] | None,
+    task: str | None,
+    meta: Mapping[str, Any] | None,
+    limit: int,
+) -> Dialog[list[JobSummary]]:
+    name, params = _list_params(queue, state, task, meta, limit)
+    rows = yield from dialog.rows(queries.get(name), params, row_factory=dict_row)
+    return [_job(row) for row in rows]
+
+
+def _get_job(job_id: object) -> Dialog[JobSummary]:
+    checked = _check_id(job_id)
+    row = yield from dialog.one(queries.get("job_get"), {"id": checked}, row_factory=dict_row)
+    if row is None:
+        raise JobNotFound(f"no job with id {checked}")
+    return _job(row)
+
+
+def read_snapshots(queue: str | None, now: datetime | None) -> Dialog[list[QueueSnapshot]]:
+    """The snapshots of every queue, or of ``queue`` (a list of one); also metrics'."""
+    params = {"queue": queue, "now": now}
+    counts = yield from dialog.rows(queries.get("queue_state_counts"), params)
+    ready = yield from dialog.rows(queries.get("queue_ready"), params)
+    pauses = yield from dialog.rows(queries.get("queue_pauses_list"), params)
+    return _snapshots(counts, ready, pauses, queue)
+
+
+def read_workers(now: datetime | None) -> Dialog[list[WorkerSummary]]:
+    """The registered workers; also metrics'."""
+    rows = yield from dialog.rows(queries.get("workers_list"), {"now": now})
+    return [_worker(row) for row in rows]
+
+
+# -- async, and the sync twins ----------------------------------------------------------
 
 
 async def list_jobs(
-    source: Any,
+    source: Session,
     *,
     queue: str | None = None,
     state: JobState | str | Sequence[JobState | str] | None = None,
@@ -272,59 +308,11 @@ async def list_jobs(
 ) -> list[JobSummary]:
     """Jobs matching every given filter, newest first. ``meta`` matches jobs whose meta
     contains it (``{"tenant": "acme"}``), on the GIN index."""
-    name, params = _list_params(queue, state, task, meta, limit)
-    async with reading(source) as conn:
-        cur = await conn.cursor(row_factory=dict_row).execute(queries.get(name), params)
-        return [_job(row) for row in await cur.fetchall()]
-
-
-async def get_job(source: Any, job_id: int) -> JobSummary:
-    """The job ``job_id`` with its arguments, errors and timings; JobNotFound if none."""
-    job_id = _check_id(job_id)
-    async with reading(source) as conn:
-        cur = await conn.cursor(row_factory=dict_row).execute(
-            queries.get("job_get"), {"id": job_id})
-        row = await cur.fetchone()
-    if row is None:
-        raise JobNotFound(f"no job with id {job_id}")
-    return _job(row)
-
-
-@overload
-async def queue_snapshot(source: Any, queue: None = None, *,
-                         now: datetime | None = None) -> list[QueueSnapshot]: ...
-@overload
-async def queue_snapshot(source: Any, queue: str, *,
-                         now: datetime | None = None) -> QueueSnapshot: ...
-
-
-async def queue_snapshot(
-    source: Any, queue: str | None = None, *, now: datetime | None = None
-) -> list[QueueSnapshot] | QueueSnapshot:
-    """Counts per state, ready/scheduled, oldest-ready lag and paused flag: of every
-    queue (a list, by name), or of ``queue`` (one snapshot, empty if it has no jobs)."""
-    params = {"queue": queue, "now": now}
-    async with reading(source) as conn:
-        counts = await (await conn.execute(queries.get("queue_state_counts"), params)).fetchall()
-        ready = await (await conn.execute(queries.get("queue_ready"), params)).fetchall()
-        pauses = await (await conn.execute(queries.get("queue_pauses_list"), params)).fetchall()
-    snapshots = _snapshots(counts, ready, pauses, queue)
-    return snapshots if queue is None else snapshots[0]
-
-
-async def list_workers(source: Any, *, now: datetime | None = None) -> list[WorkerSummary]:
-    """Registered workers with their running jobs; ``alive`` is False for a worker whose
-    heartbeat is older than its lease (its jobs will be rescued)."""
-    async with reading(source) as conn:
-        cur = await conn.execute(queries.get("workers_list"), {"now": now})
-        return [_worker(row) for row in await cur.fetchall()]
-
-
-# -- sync -------------------------------------------------------------------------------
+    return await dialog.read(source, _list_jobs(queue, state, task, meta, limit))
 
 
 def list_jobs_sync(
-    source: Any,
+    source: SyncSession,
     *,
     queue: str | None = None,
     state: JobState | str | Sequence[JobState | str] | None = None,
@@ -333,47 +321,59 @@ def list_jobs_sync(
     limit: int = DEFAULT_LIMIT,
 ) -> list[JobSummary]:
     """The sync twin of :func:`list_jobs`."""
-    name, params = _list_params(queue, state, task, meta, limit)
-    with reading_sync(source) as conn:
-        cur = conn.cursor(row_factory=dict_row).execute(queries.get(name), params)
-        return [_job(row) for row in cur.fetchall()]
+    return dialog.read_sync(source, _list_jobs(queue, state, task, meta, limit))
 
 
-def get_job_sync(source: Any, job_id: int) -> JobSummary:
+async def get_job(source: Session, job_id: int) -> JobSummary:
+    """The job ``job_id`` with its arguments, errors and timings; JobNotFound if none."""
+    return await dialog.read(source, _get_job(job_id))
+
+
+def get_job_sync(source: SyncSession, job_id: int) -> JobSummary:
     """The sync twin of :func:`get_job`."""
-    job_id = _check_id(job_id)
-    with reading_sync(source) as conn:
-        row = conn.cursor(row_factory=dict_row).execute(
-            queries.get("job_get"), {"id": job_id}).fetchone()
-    if row is None:
-        raise JobNotFound(f"no job with id {job_id}")
-    return _job(row)
+    return dialog.read_sync(source, _get_job(job_id))
 
 
 @overload
-def queue_snapshot_sync(source: Any, queue: None = None, *,
+async def queue_snapshot(source: Session, queue: None = None, *,
+                         now: datetime | None = None) -> list[QueueSnapshot]: ...
+@overload
+async def queue_snapshot(source: Session, queue: str, *,
+                         now: datetime | None = None) -> QueueSnapshot: ...
+
+
+async def queue_snapshot(
+    source: Session, queue: str | None = None, *, now: datetime | None = None
+) -> list[QueueSnapshot] | QueueSnapshot:
+    """Counts per state, ready/scheduled, oldest-ready lag and paused flag: of every
+    queue (a list, by name), or of ``queue`` (one snapshot, empty if it has no jobs)."""
+    snapshots = await dialog.read(source, read_snapshots(queue, now))
+    return snapshots if queue is None else snapshots[0]
+
+
+@overload
+def queue_snapshot_sync(source: SyncSession, queue: None = None, *,
                         now: datetime | None = None) -> list[QueueSnapshot]: ...
 @overload
-def queue_snapshot_sync(source: Any, queue: str, *,
+def queue_snapshot_sync(source: SyncSession, queue: str, *,
                         now: datetime | None = None) -> QueueSnapshot: ...
 
 
 def queue_snapshot_sync(
-    source: Any, queue: str | None = None, *, now: datetime | None = None
+    source: SyncSession, queue: str | None = None, *, now: datetime | None = None
 ) -> list[QueueSnapshot] | QueueSnapshot:
     """The sync twin of :func:`queue_snapshot`."""
-    params = {"queue": queue, "now": now}
-    with reading_sync(source) as conn:
-        counts = conn.execute(queries.get("queue_state_counts"), params).fetchall()
-        ready = conn.execute(queries.get("queue_ready"), params).fetchall()
-        pauses = conn.execute(queries.get("queue_pauses_list"), params).fetchall()
-    snapshots = _snapshots(counts, ready, pauses, queue)
+    snapshots = dialog.read_sync(source, read_snapshots(queue, now))
     return snapshots if queue is None else snapshots[0]
 
 
-def list_workers_sync(source: Any, *, now: datetime | None = None) -> list[WorkerSummary]:
-    """The sync twin of :func:`list_workers`."""
-    with reading_sync(source) as conn:
-        rows = conn.execute(queries.get("workers_list"), {"now": now}).fetchall()
-    return [_worker(row) for row in rows]
+async def list_workers(source: Session, *, now: datetime | None = None) -> list[WorkerSummary]:
+    """Registered workers with their running jobs; ``alive`` is False for a worker whose
+    heartbeat is older than its lease (its jobs will be rescued)."""
+    return await dialog.read(source, read_workers(now))
 
+
+def list_workers_sync(source: SyncSession, *, now: datetime | None = None
+                      ) -> list[WorkerSummary]:
+    """The sync twin of :func:`list_workers`."""
+    return dialog.read_sync(source, read_workers(now))

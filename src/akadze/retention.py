@@ -16,14 +16,13 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
-from . import queries
-
-if TYPE_CHECKING:
-    from .app import Akadze
+from . import dialog, queries
+from .app import Akadze
+from .dialog import Dialog
 
 __all__ = ["BATCH_SIZE", "prune", "prune_sync"]
 
@@ -35,7 +34,7 @@ def _params(app: Akadze, now: datetime, batch_size: int) -> tuple[dict[str, Any]
         raise ValueError("prune needs a timezone-aware now")
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    graces = [getattr(s, "grace", timedelta(0)) for s in app.schedules.values()]
+    graces = [s.grace for s in app.schedules.values()]
     fires_kept = max([app.retention, timedelta(days=1), *graces])
     params = {
         "cutoff": now - app.retention,
@@ -43,6 +42,32 @@ def _params(app: Akadze, now: datetime, batch_size: int) -> tuple[dict[str, Any]
         "batch": batch_size,
     }
     return params, now - fires_kept
+
+
+def _prune(app: Akadze, now: datetime, batch_size: int, max_batches: int | None
+           ) -> Dialog[int]:
+    """Both prunes, written once (akadze.dialog); every statement commits on its own."""
+    params, fires_cutoff = _params(app, now, batch_size)
+    locked = yield from dialog.one(queries.get("retention_try_lock"))
+    if not locked or not locked[0]:
+        return 0
+    deleted = 0
+    try:
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            count = yield from dialog.rowcount(queries.get("retention_prune_batch"), params)
+            deleted += count
+            batches += 1
+            if count < batch_size:
+                break
+        fires = {"cutoff": fires_cutoff, "batch": batch_size}
+        while (yield from dialog.rowcount(queries.get("retention_prune_fires"), fires)
+               ) >= batch_size:
+            pass
+    finally:
+        if (yield from dialog.usable()):  # a broken connection has lost the lock anyway
+            yield from dialog.execute(queries.get("retention_unlock"))
+    return deleted
 
 
 async def prune(
@@ -56,30 +81,7 @@ async def prune(
     """Delete the finished jobs past their retention; return how many. ``conn`` is an
     autocommit connection outside any transaction. Returns 0 at once when another
     process is pruning. ``max_batches`` bounds the work of one call."""
-    params, fires_cutoff = _params(app, now, batch_size)
-    cur = await conn.execute(queries.get("retention_try_lock"))
-    row = await cur.fetchone()
-    if not row or not row[0]:
-        return 0
-    deleted = 0
-    try:
-        batches = 0
-        while max_batches is None or batches < max_batches:
-            cur = await conn.execute(queries.get("retention_prune_batch"), params)
-            deleted += cur.rowcount
-            batches += 1
-            if cur.rowcount < batch_size:
-                break
-        while True:
-            cur = await conn.execute(
-                queries.get("retention_prune_fires"), {"cutoff": fires_cutoff, "batch": batch_size}
-            )
-            if cur.rowcount < batch_size:
-                break
-    finally:
-        if not conn.closed and not conn.broken:
-            await conn.execute(queries.get("retention_unlock"))
-    return deleted
+    return await dialog.run_async(conn, _prune(app, now, batch_size, max_batches))
 
 
 def prune_sync(
@@ -91,26 +93,4 @@ def prune_sync(
     max_batches: int | None = None,
 ) -> int:
     """The sync twin of :func:`prune`."""
-    params, fires_cutoff = _params(app, now, batch_size)
-    row = conn.execute(queries.get("retention_try_lock")).fetchone()
-    if not row or not row[0]:
-        return 0
-    deleted = 0
-    try:
-        batches = 0
-        while max_batches is None or batches < max_batches:
-            cur = conn.execute(queries.get("retention_prune_batch"), params)
-            deleted += cur.rowcount
-            batches += 1
-            if cur.rowcount < batch_size:
-                break
-        while True:
-            cur = conn.execute(
-                queries.get("retention_prune_fires"), {"cutoff": fires_cutoff, "batch": batch_size}
-            )
-            if cur.rowcount < batch_size:
-                break
-    finally:
-        if not conn.closed and not conn.broken:
-            conn.execute(queries.get("retention_unlock"))
-    return deleted
+    return dialog.run_sync(conn, _prune(app, now, batch_size, max_batches))

@@ -16,29 +16,37 @@ Every worker calls :func:`enqueue_due` periodically. For each schedule it looks 
   the same transaction as its job, so it is enqueued exactly once however many workers
   race for it;
 - with ``overlap=False`` a fire is recorded without a job (skipped) while the job of
-  the schedule's previous fire is still queued or running.
+  the schedule's previous fire is still queued or running;
+- a fire that cannot be enqueued (an on_enqueue hook raising, say) is logged and left
+  unrecorded, and the other schedules go on; the next tick tries it again.
+
+A schedule's job arguments and options are checked at registration through the same
+path as an enqueue (akadze.arguments, akadze.jobspec) and kept checked, so every fire
+of an accepted schedule can be enqueued. ``enqueue_due`` and ``enqueue_due_sync`` are
+two thin calls of one dialog (akadze.dialog).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, Required
 
 import psycopg
 
-from . import cron, queries
+from . import arguments, cron, dialog, queries
+from .dialog import Dialog
+from .enqueue import insert_one
 from .errors import AkadzeError, ScheduleError
+from .hooks import Hook
+from .jobspec import Options, Pending, PlacementOptions, build_options
+from .tasks import Task
 
-if TYPE_CHECKING:
-    from .app import Akadze
-    from .enqueue import Enqueuer
-    from .tasks import Task
-
-__all__ = ["Schedule", "enqueue_due", "enqueue_due_sync"]
+__all__ = ["Schedule", "ScheduleOptions", "enqueue_due", "enqueue_due_sync"]
 
 logger = logging.getLogger("akadze.schedules")
 
@@ -46,19 +54,36 @@ DEFAULT_GRACE = timedelta(hours=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 NAME_MAX = 200
 
-# The keys a configuration mapping of add_schedules may carry.
-SCHEDULE_KEYS = frozenset({
-    "name", "task", "cron", "every", "timezone", "overlap", "grace", "args", "queue",
-    "priority", "max_attempts", "limit_key", "meta",
-})
-
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
+class WhenOptions(PlacementOptions, total=False):
+    """When a schedule fires, and what its jobs get: the options of ``@app.periodic``
+    besides the task's own (its jobs' ``queue``, ``priority`` and ``max_attempts`` are
+    the task's there)."""
+
+    cron: str | None
+    every: timedelta | float | str | None
+    timezone: str | None
+    overlap: bool
+    grace: timedelta | float | str | None
+    args: Mapping[str, Any] | None
+
+
+class ScheduleOptions(WhenOptions, total=False):
+    """The options of ``app.add_schedule(name, ...)``: the task to run, when, and the
+    options of its jobs."""
+
+    task: Required[str | Task[Any]]
+
+
+# The keys a configuration mapping of add_schedules may carry.
+SCHEDULE_KEYS = frozenset(
+    {"name"} | ScheduleOptions.__required_keys__ | ScheduleOptions.__optional_keys__)
 @dataclass(frozen=True)
 class Schedule:
-    """A periodic schedule as registered on the app."""
+    """A periodic schedule as registered on the app (built by :func:`build`)."""
 
     name: str
     task: str
@@ -67,12 +92,12 @@ class Schedule:
     timezone: str | None
     overlap: bool
     grace: timedelta
-    args: dict[str, Any] = field(default_factory=dict)
-    queue: str | None = None
-    priority: int | None = None
-    max_attempts: int | None = None
-    limit_key: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, Any]
+    # The options of its jobs, checked with the task's defaults filled in (their meta
+    # carries "schedule": name), and the checked JSON text of the arguments: a fire
+    # enqueues exactly what registration accepted.
+    options: Options
+    args_json: str = field(repr=False)
     # [asked at, latest fire then, the fire after it]: due_fire's memo between ticks.
     _due_cache: list[Any] = field(default_factory=list, compare=False, repr=False)
 
@@ -114,9 +139,6 @@ class Schedule:
             return None
         return fire
 
-    def job_meta(self) -> dict[str, Any]:
-        return {"schedule": self.name, **self.meta}
-
 
 def format_interval(value: timedelta) -> str:
     seconds = value.total_seconds()
@@ -129,7 +151,8 @@ def format_interval(value: timedelta) -> str:
 # -- building and validating ----------------------------------------------------------
 
 
-def _refuse(name: object, message: str) -> ScheduleError:
+def refuse(name: object, message: str) -> ScheduleError:
+    """The ScheduleError of schedule ``name``: ``schedule 'name': message``."""
     shown = repr(name) if isinstance(name, str) and name else "(unnamed)"
     return ScheduleError(f"schedule {shown}: {message}")
 
@@ -138,93 +161,81 @@ def _interval(name: str, key: str, value: object) -> timedelta:
     if isinstance(value, timedelta):
         interval = value
     elif isinstance(value, bool):
-        raise _refuse(name, f"{key} must be a timedelta, a number of seconds or '15m', "
+        raise refuse(name, f"{key} must be a timedelta, a number of seconds or '15m', "
                             f"got {value!r}")
     elif isinstance(value, int | float):
         try:
             interval = timedelta(seconds=value)
         except (OverflowError, ValueError):
-            raise _refuse(name, f"{key} {value!r} is out of range") from None
+            raise refuse(name, f"{key} {value!r} is out of range") from None
     elif isinstance(value, str):
         match = _DURATION.match(value)
         if not match:
-            raise _refuse(name, f"{key} {value!r} is not a duration (use 30s, 15m, 1h, 1d)")
+            raise refuse(name, f"{key} {value!r} is not a duration (use 30s, 15m, 1h, 1d)")
         interval = timedelta(seconds=float(match.group(1)) * _UNIT[match.group(2)])
     else:
-        raise _refuse(name, f"{key} must be a timedelta, a number of seconds or '15m', "
+        raise refuse(name, f"{key} must be a timedelta, a number of seconds or '15m', "
                             f"got {type(value).__name__}")
     if interval < timedelta(seconds=1):
-        raise _refuse(name, f"{key} must be at least one second, got {format_interval(interval)}"
+        raise refuse(name, f"{key} must be at least one second, got {format_interval(interval)}"
                       if interval > timedelta(0) else f"{key} must be positive, got {value!r}")
     return interval
 
 
 def build(
-    app: Akadze,
-    name: str,
+    name: object,
+    options: Mapping[str, Any],
     *,
-    task: str | Task[Any],
-    cron: str | None = None,
-    every: timedelta | float | str | None = None,
-    timezone: str | None = None,
-    overlap: bool = True,
-    grace: timedelta | float | str | None = None,
-    args: Mapping[str, Any] | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    limit_key: str | None = None,
-    meta: Mapping[str, Any] | None = None,
-    task_object: Task[Any] | None = None,
+    tasks: Mapping[str, Task[Any]],
+    taken: Container[str],
+    task: Task[Any] | None = None,
 ) -> Schedule:
-    """A checked :class:`Schedule`; raises ScheduleError naming what is wrong. Registers
-    nothing. ``task_object`` is the task to check against when it is not registered yet
-    (``@app.periodic``)."""
-    from .tasks import Task
-
+    """A checked :class:`Schedule` named ``name`` from ``options`` (a ScheduleOptions, or
+    a WhenOptions with ``task``); raises ScheduleError naming what is wrong. Registers
+    nothing. ``tasks``: the registered tasks (``options["task"]`` names one);
+    ``taken``: the names of the registered schedules; ``task``: the task to check
+    against when it is not registered yet (``@app.periodic``)."""
     if not isinstance(name, str) or not name.strip():
-        raise _refuse(name, "a schedule needs a non-empty name")
+        raise refuse(name, "a schedule needs a non-empty name")
     if len(name) > NAME_MAX or "\x00" in name:
-        raise _refuse(name, f"the name must be at most {NAME_MAX} characters, without NUL")
-    if name in app.schedules:
-        raise _refuse(name, "a schedule of that name is already registered")
-    task_name = task.name if isinstance(task, Task) else task
-    if task_object is None:
-        if not isinstance(task_name, str) or task_name not in app.tasks:
-            raise _refuse(name, f"no task named {task_name!r} is registered")
-        task_object = app.tasks[task_name]
-    expression, interval = _when(name, cron, every, timezone)
+        raise refuse(name, f"the name must be at most {NAME_MAX} characters, without NUL")
+    if name in taken:
+        raise refuse(name, "a schedule of that name is already registered")
+    if task is None:
+        wanted = options.get("task")
+        task_name = wanted.name if isinstance(wanted, Task) else wanted
+        if not isinstance(task_name, str) or task_name not in tasks:
+            raise refuse(name, f"no task named {task_name!r} is registered")
+        task = tasks[task_name]
+    expression, interval = _when(name, options.get("cron"), options.get("every"),
+                                 options.get("timezone"))
+    overlap = options.get("overlap", True)
     if not isinstance(overlap, bool):
-        raise _refuse(name, f"overlap must be True or False, got {overlap!r}")
+        raise refuse(name, f"overlap must be True or False, got {overlap!r}")
+    grace = options.get("grace")
     checked_grace = DEFAULT_GRACE if grace is None else _interval(name, "grace", grace)
+    args, meta = options.get("args"), options.get("meta")
     if args is not None and not isinstance(args, Mapping):
-        raise _refuse(name, f"args must be a mapping of argument names, got {type(args).__name__}")
+        raise refuse(name, f"args must be a mapping of argument names, got {type(args).__name__}")
     if meta is not None and not isinstance(meta, Mapping):
-        raise _refuse(name, f"meta must be a mapping, got {type(meta).__name__}")
-    try:
-        json_args = task_object.validate_args(dict(args or {}))
-        from .jobspec import build_options
-
-        options = build_options(
-            task_object, priority=priority, max_attempts=max_attempts, limit_key=limit_key,
-            meta={"schedule": name, **(meta or {})}, queue=queue,
-        )
+        raise refuse(name, f"meta must be a mapping, got {type(meta).__name__}")
+    try:  # the checks of an enqueue, once, here
+        args_json = arguments.serialize_args(task, dict(args or {}))
+        job_options = build_options(task, {**options, "meta": {"schedule": name, **(meta or {})}})
     except AkadzeError as exc:
-        raise _refuse(name, str(exc)) from None
+        raise refuse(name, str(exc)) from None
+    timezone = options.get("timezone")
     return Schedule(
         name=name,
-        task=task_object.name,
+        task=task.name,
         cron=expression,
         every=interval,
         timezone=(timezone or "UTC") if expression is not None else None,
         overlap=overlap,
         grace=checked_grace,
-        args=json_args,
-        queue=None if queue is None else options.queue,
-        priority=priority,
-        max_attempts=max_attempts,
-        limit_key=limit_key,
-        meta=dict(meta or {}),
+        args=json.loads(args_json),
+        options=job_options,
+        args_json=args_json,
     )
 
 
@@ -232,16 +243,16 @@ def _when(
     name: str, expression: object, every: object, timezone: object
 ) -> tuple[cron.CronExpression | None, timedelta | None]:
     if expression is None and every is None:
-        raise _refuse(name, "give cron='...' or every=timedelta(...)")
+        raise refuse(name, "give cron='...' or every=timedelta(...)")
     if expression is not None and every is not None:
-        raise _refuse(name, "give cron or every, not both")
+        raise refuse(name, "give cron or every, not both")
     if every is not None:
         if timezone is not None:
-            raise _refuse(name, "timezone applies to cron schedules only; an every= interval "
+            raise refuse(name, "timezone applies to cron schedules only; an every= interval "
                                 "is counted in UTC from the Unix epoch")
         return None, _interval(name, "every", every)
     if not isinstance(expression, str):
-        raise _refuse(name, f"cron must be a string, got {type(expression).__name__}")
+        raise refuse(name, f"cron must be a string, got {type(expression).__name__}")
     try:
         parsed = cron.parse(expression)
         if timezone is not None:
@@ -249,25 +260,31 @@ def _when(
                 raise cron.CronError(f"timezone must be a string, got {timezone!r}")
             cron.zone(timezone)
     except cron.CronError as exc:
-        raise _refuse(name, str(exc)) from None
+        raise refuse(name, str(exc)) from None
     return parsed, None
 
 
-def add_schedule(app: Akadze, name: str, **options: Any) -> Schedule:
-    """Check and register one schedule (see :meth:`Akadze.add_schedule`)."""
-    unknown = sorted(set(options) - (SCHEDULE_KEYS - {"name"}))
+def from_options(
+    name: str, options: Mapping[str, Any], *, tasks: Mapping[str, Task[Any]],
+    taken: Container[str],
+) -> Schedule:
+    """The schedule of ``app.add_schedule(name, **options)``, checked."""
+    known = SCHEDULE_KEYS - {"name"}
+    unknown = sorted(set(options) - known)
     if unknown:
-        raise _refuse(name, f"unknown option(s) {', '.join(unknown)}; "
-                            f"known: {', '.join(sorted(SCHEDULE_KEYS - {'name'}))}")
+        raise refuse(name, f"unknown option(s) {', '.join(unknown)}; "
+                           f"known: {', '.join(sorted(known))}")
     if "task" not in options:
-        raise _refuse(name, "task= is required (the name of a registered task)")
-    schedule = build(app, name, **options)
-    app.schedules[name] = schedule
-    return schedule
+        raise refuse(name, "task= is required (the name of a registered task)")
+    return build(name, options, tasks=tasks, taken=taken)
 
 
-def add_schedules(app: Akadze, items: Iterable[Mapping[str, Any]]) -> list[Schedule]:
-    """Check every mapping, then register them all (or none)."""
+def from_entries(
+    items: Iterable[Mapping[str, Any]], *, tasks: Mapping[str, Task[Any]],
+    taken: Container[str],
+) -> list[Schedule]:
+    """The schedules of ``app.add_schedules(items)``, every one checked (before the
+    app registers any)."""
     if isinstance(items, Mapping | str | bytes):
         raise ScheduleError("add_schedules takes a list of mappings, one per schedule")
     built: list[Schedule] = []
@@ -290,84 +307,57 @@ def add_schedules(app: Akadze, items: Iterable[Mapping[str, Any]]) -> list[Sched
             raise ScheduleError(f"schedule {name!r}: defined twice")
         seen.add(name)
         options = {key: value for key, value in item.items() if key != "name"}
-        built.append(build(app, name, **options))
-    for schedule in built:
-        app.schedules[schedule.name] = schedule
+        built.append(build(name, options, tasks=tasks, taken=taken))
     return built
 
 
-def periodic(
-    app: Akadze,
-    name: str,
-    *,
-    task_options: Mapping[str, Any],
-    schedule_options: Mapping[str, Any],
-) -> Callable[[Callable[..., Any]], Task[Any]]:
-    """The decorator behind :meth:`Akadze.periodic`."""
-    from .tasks import Task
-
-    if callable(name):
-        raise ScheduleError("@app.periodic needs a name, e.g. @app.periodic(\"nightly\", "
-                            "cron=\"0 3 * * *\")")
-
-    def decorate(fn: Callable[..., Any]) -> Task[Any]:
-        if isinstance(name, str) and name in app.tasks:
-            raise _refuse(name, "a task of that name is already registered")
-        try:
-            candidate: Task[Any] = Task(app, fn, name=name, **task_options)
-        except AkadzeError as exc:
-            raise _refuse(name, str(exc)) from None
-        schedule = build(app, name, task=name, task_object=candidate, **schedule_options)
-        task = app.register(fn, name=name, **task_options)
-        app.schedules[name] = schedule
-        return task
-
-    return decorate
-
-
 # -- enqueueing due fires --------------------------------------------------------------
+
+
+class ScheduledApp(Protocol):
+    """The app as enqueueing its fires sees it (akadze.Akadze is one)."""
+
+    @property
+    def schedules(self) -> Mapping[str, Schedule]: ...
+
+    @property
+    def on_enqueue_hooks(self) -> Sequence[Hook]: ...
 
 
 def _lock_key(schedule: Schedule) -> str:
     return f"akadze.periodic:{schedule.name}"
 
 
-def _due(app: Akadze, now: datetime) -> list[tuple[Schedule, datetime]]:
+def _due(app: ScheduledApp, now: datetime) -> list[tuple[Schedule, datetime]]:
     due = []
     for schedule in app.schedules.values():
-        if not isinstance(schedule, Schedule):
-            continue
         fire = schedule.due_fire(now)
         if fire is not None:
             due.append((schedule, fire))
     return due
 
 
-async def enqueue_due(
-    conn: psycopg.AsyncConnection[Any], app: Akadze, now: datetime
-) -> list[int]:
-    """Enqueue the due fire of every schedule of ``app`` that no one enqueued yet;
-    return the new job ids. ``conn`` is an autocommit connection outside any
-    transaction; each fire gets a transaction of its own. Safe to run from any number
-    of processes at once."""
+def _enqueue_due(app: ScheduledApp, now: datetime) -> Dialog[list[int]]:
+    """Both enqueue_due and its sync twin: one dialog."""
     if now.tzinfo is None:
         raise ValueError("enqueue_due needs a timezone-aware now")
     due = _due(app, now)
     if not due:
         return []
-    cur = await conn.execute(
-        queries.get("periodic_recorded"),
-        {"names": [s.name for s, _ in due], "fires": [f for _, f in due]},
-    )
-    recorded = {(str(row[0]), row[1]) for row in await cur.fetchall()}
+    recorded = {
+        (str(row[0]), row[1])
+        for row in (yield from dialog.rows(
+            queries.get("periodic_recorded"),
+            {"names": [s.name for s, _ in due], "fires": [f for _, f in due]}))
+    }
     ids: list[int] = []
     for schedule, fire in due:
         if (schedule.name, fire) in recorded:
             continue
-        try:
-            job_id = await _fire(conn, app, schedule, fire)
+        try:  # each fire in a transaction of its own: a failure rolls back its record
+            job_id = yield from dialog.transaction(_fire(app, schedule, fire))
         except psycopg.Error:
-            raise
+            raise  # the connection may be unusable: the caller (a worker) reconnects
         except Exception:
             logger.exception("schedule %r: could not enqueue the fire of %s",
                              schedule.name, fire.isoformat())
@@ -377,95 +367,40 @@ async def enqueue_due(
     return ids
 
 
-async def _fire(
-    conn: psycopg.AsyncConnection[Any], app: Akadze, schedule: Schedule, fire: datetime
-) -> int | None:
+def _fire(app: ScheduledApp, schedule: Schedule, fire: datetime) -> Dialog[int | None]:
     params = {"schedule": schedule.name, "fire_at": fire, "key": _lock_key(schedule)}
-    async with conn.transaction():
-        if not schedule.overlap:
-            # Serialise the decisions of this schedule, so that the check below sees
-            # the job of any fire decided just before.
-            await conn.execute(queries.get("periodic_lock"), params)
-        cur = await conn.execute(queries.get("periodic_record_fire"), params)
-        if await cur.fetchone() is None:
-            return None  # another process recorded this fire
-        if not schedule.overlap:
-            cur = await conn.execute(queries.get("periodic_previous_active"), params)
-            if await cur.fetchone() is not None:
-                logger.info("schedule %r: fire of %s skipped, the previous run is still "
-                            "queued or running", schedule.name, fire.isoformat())
-                return None  # recorded without a job: skipped
-        job_id = await _enqueuer(app, schedule, conn).enqueue(**schedule.args)
-        await conn.execute(queries.get("periodic_set_job"), {**params, "job_id": job_id})
+    if not schedule.overlap:
+        # Serialise the decisions of this schedule, so that the check below sees
+        # the job of any fire decided just before.
+        yield from dialog.execute(queries.get("periodic_lock"), params)
+    if (yield from dialog.one(queries.get("periodic_record_fire"), params)) is None:
+        return None  # another process recorded this fire
+    if not schedule.overlap and (
+        yield from dialog.one(queries.get("periodic_previous_active"), params)
+    ) is not None:
+        logger.info("schedule %r: fire of %s skipped, the previous run is still "
+                    "queued or running", schedule.name, fire.isoformat())
+        return None  # recorded without a job: skipped
+    pending = Pending(task=schedule.task, args_json=schedule.args_json, options=schedule.options)
+    # In the fire's transaction, as an enqueue joined to it: a savepoint only for hooks.
+    hooks = list(app.on_enqueue_hooks)
+    job_id = yield from insert_one(pending, hooks, guard=bool(hooks))
+    yield from dialog.execute(queries.get("periodic_set_job"), {**params, "job_id": job_id})
     return job_id
 
 
-def enqueue_due_sync(conn: psycopg.Connection[Any], app: Akadze, now: datetime) -> list[int]:
+async def enqueue_due(
+    conn: psycopg.AsyncConnection[Any], app: ScheduledApp, now: datetime
+) -> list[int]:
+    """Enqueue the due fire of every schedule of ``app`` that no one enqueued yet;
+    return the new job ids. ``conn`` is an autocommit connection outside any
+    transaction; each fire gets a transaction of its own. A fire that cannot be
+    enqueued is logged and skipped (the next call tries it again). Safe to run from
+    any number of processes at once."""
+    return await dialog.run_async(conn, _enqueue_due(app, now))
+
+
+def enqueue_due_sync(conn: psycopg.Connection[Any], app: ScheduledApp, now: datetime
+                     ) -> list[int]:
     """The sync twin of :func:`enqueue_due` (an autocommit psycopg ``Connection``)."""
-    if now.tzinfo is None:
-        raise ValueError("enqueue_due needs a timezone-aware now")
-    due = _due(app, now)
-    if not due:
-        return []
-    recorded = {
-        (str(row[0]), row[1])
-        for row in conn.execute(
-            queries.get("periodic_recorded"),
-            {"names": [s.name for s, _ in due], "fires": [f for _, f in due]},
-        ).fetchall()
-    }
-    ids: list[int] = []
-    for schedule, fire in due:
-        if (schedule.name, fire) in recorded:
-            continue
-        params = {"schedule": schedule.name, "fire_at": fire, "key": _lock_key(schedule)}
-        with conn.transaction():
-            if not schedule.overlap:
-                conn.execute(queries.get("periodic_lock"), params)
-            if conn.execute(queries.get("periodic_record_fire"), params).fetchone() is None:
-                continue
-            if not schedule.overlap and conn.execute(
-                queries.get("periodic_previous_active"), params
-            ).fetchone() is not None:
-                continue
-            job_id = _enqueuer(app, schedule, conn).enqueue_sync(**schedule.args)
-            conn.execute(queries.get("periodic_set_job"), {**params, "job_id": job_id})
-        ids.append(job_id)
-    return ids
-
-
-def _enqueuer(app: Akadze, schedule: Schedule, conn: Any) -> Enqueuer:
-    task = app.get_task(schedule.task)
-    return task.using(
-        session=conn,
-        queue=schedule.queue,
-        priority=schedule.priority,
-        max_attempts=schedule.max_attempts,
-        limit_key=schedule.limit_key,
-        meta=schedule.job_meta(),
-    )
-
-
-# -- reporting ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ScheduleSummary:
-    """A schedule with its next fire and its most recent recorded fire."""
-
-    name: str
-    task: str
-    when: str
-    overlap: bool
-    next_fire: datetime | None
-    last_fire: datetime | None = None
-    last_job_id: int | None = None
-
-
-def summaries(app: Akadze, now: datetime) -> list[ScheduleSummary]:
-    """Every schedule of ``app`` with its next fire after ``now`` (no database)."""
-    return [
-        ScheduleSummary(s.name, s.task, s.when, s.overlap, s.next_fire(now))
-        for s in sorted(app.schedules.values(), key=lambda s: s.name)
-        if isinstance(s, Schedule)
-    ]
+    return dialog.run_sync(conn, _enqueue_due(app, now))

@@ -20,10 +20,11 @@ SQLAlchemy is optional: nothing here imports it unless the caller already has.
 
 from __future__ import annotations
 
+import abc
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
 import psycopg
 from psycopg import pq
@@ -31,13 +32,20 @@ from psycopg import pq
 from . import database
 from .errors import ConfigurationError
 
-if TYPE_CHECKING:
-    from .app import Akadze
+if TYPE_CHECKING:  # for the type aliases only: SQLAlchemy is never imported at run time
+    import psycopg_pool
+    from sqlalchemy import engine as sa_engine
+    from sqlalchemy import orm as sa_orm
+    from sqlalchemy.ext import asyncio as sa_asyncio
 
 SyncConnection = psycopg.Connection[Any]
 AsyncConnection = psycopg.AsyncConnection[Any]
 
 __all__ = [
+    "DatabaseSource",
+    "Session",
+    "Source",
+    "SyncSession",
     "async_connection",
     "reading",
     "reading_sync",
@@ -47,17 +55,57 @@ __all__ = [
 ]
 
 
+class DatabaseSource(abc.ABC):
+    """Something akadze opens connections of its own from, by URL: the
+    :class:`~akadze.Akadze` app is one."""
+
+    @property
+    @abc.abstractmethod
+    def database_url(self) -> str:
+        """The URL of the database."""
+
+
+#: A source for either API: the app, a database URL, or ``None`` (the default URL).
+Source: TypeAlias = "DatabaseSource | str | None"
+
+#: What the async API accepts: an async session, joined (a psycopg ``AsyncConnection``;
+#: a SQLAlchemy ``AsyncConnection``, ``AsyncSession`` or ``async_scoped_session``), or a
+#: source that gets a connection of its own (``AsyncEngine``, ``AsyncConnectionPool``,
+#: the app, a URL, ``None``).
+Session: TypeAlias = (
+    "psycopg.AsyncConnection[Any] | sa_asyncio.AsyncConnection | sa_asyncio.AsyncSession"
+    " | sa_asyncio.async_scoped_session[Any] | sa_asyncio.AsyncEngine"
+    " | psycopg_pool.AsyncConnectionPool[Any] | Source"
+)
+
+#: What the ``_sync`` API accepts: a sync session (a psycopg ``Connection``; a SQLAlchemy
+#: ``Connection``, ``Session`` or ``scoped_session``), or a source (``Engine``,
+#: ``ConnectionPool``, the app, a URL, ``None``).
+SyncSession: TypeAlias = (
+    "psycopg.Connection[Any] | sa_engine.Connection | sa_orm.Session"
+    " | sa_orm.scoped_session[Any] | sa_engine.Engine | psycopg_pool.ConnectionPool[Any]"
+    " | Source"
+)
+
+
 def type_name(obj: object) -> str:
     """``module.Class`` of ``obj``, for error messages."""
     kind = type(obj)
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-# -- classification ---------------------------------------------------------------
+# -- classification: one core for both flavours -----------------------------------------
 
-# SQLAlchemy kinds, as returned by _sqlalchemy_kind.
-_SA_SYNC = frozenset({"connection", "session", "scoped_session"})
-_SA_ASYNC = frozenset({"async_connection", "async_session", "async_scoped_session"})
+Flavour = Literal["sync", "async"]
+
+# What _kind returns, and the flavour of each kind that has one.
+_FLAVOUR: dict[str, Flavour] = {
+    "psycopg": "sync", "connection": "sync", "session": "sync", "scoped_session": "sync",
+    "engine": "sync", "pool": "sync",
+    "async_psycopg": "async", "async_connection": "async", "async_session": "async",
+    "async_scoped_session": "async", "async_engine": "async", "async_pool": "async",
+}
+_SOURCES = frozenset({"engine", "async_engine", "pool", "async_pool", "url"})
 
 
 def _sqlalchemy_kind(obj: object) -> str | None:
@@ -99,118 +147,6 @@ def _sqlalchemy_kind(obj: object) -> str | None:
     return None
 
 
-def _is_app(obj: object) -> bool:
-    from .app import Akadze  # late: app.py must stay free to import anything
-
-    return isinstance(obj, Akadze)
-
-
-def is_sqlalchemy(obj: object) -> bool:
-    """Whether ``obj`` is a SQLAlchemy connection, session or engine."""
-    return _sqlalchemy_kind(obj) is not None
-
-
-def is_async_session(obj: object) -> bool:
-    """Whether ``obj`` is a session for the async API (psycopg or SQLAlchemy)."""
-    return isinstance(obj, psycopg.AsyncConnection) or _sqlalchemy_kind(obj) in _SA_ASYNC
-
-
-def is_sync_session(obj: object) -> bool:
-    """Whether ``obj`` is a session for the ``_sync`` API (psycopg or SQLAlchemy)."""
-    return isinstance(obj, psycopg.Connection) or _sqlalchemy_kind(obj) in _SA_SYNC
-
-
-def _check_driver(dialect: Any, obj: object) -> None:
-    name = getattr(dialect, "name", "?")
-    driver = getattr(dialect, "driver", "?")
-    if name != "postgresql" or driver != "psycopg":
-        raise ConfigurationError(
-            f"{type_name(obj)} uses the {name}+{driver} driver; akadze works through "
-            "psycopg 3: create the engine with a postgresql+psycopg:// URL"
-        )
-
-
-def _wrong_flavour(obj: object, *, wanted_async: bool) -> ConfigurationError:
-    if wanted_async:
-        return ConfigurationError(
-            f"{type_name(obj)} is a synchronous session; use the _sync function "
-            "(for example enqueue_sync) with it, or pass an async session"
-        )
-    return ConfigurationError(
-        f"{type_name(obj)} is an asynchronous session; await the async function "
-        "(for example enqueue) with it, or pass a sync session"
-    )
-
-
-def _unsupported(obj: object, what: str) -> ConfigurationError:
-    return ConfigurationError(
-        f"unsupported {what} {type_name(obj)}: expected a psycopg connection, a SQLAlchemy "
-        "connection or session (postgresql+psycopg), an engine, a psycopg_pool pool, "
-        "the Akadze app or a database URL"
-    )
-
-
-# -- raw connections of sessions ----------------------------------------------------
-
-
-def sync_connection(session: Any) -> SyncConnection:
-    """The psycopg ``Connection`` of a sync session.
-
-    A SQLAlchemy connection or session gets its transaction begun if it had none
-    (SQLAlchemy's autobegin), so that what akadze writes is committed or rolled back
-    with it.
-    """
-    if isinstance(session, psycopg.Connection):
-        return session
-    if isinstance(session, psycopg.AsyncConnection):
-        raise _wrong_flavour(session, wanted_async=False)
-    kind = _sqlalchemy_kind(session)
-    if kind == "connection":
-        _check_driver(session.dialect, session)
-        if not session.in_transaction():
-            session.begin()
-        raw = session.connection.driver_connection
-        return cast(SyncConnection, raw)
-    if kind == "session":
-        return sync_connection(session.connection())
-    if kind == "scoped_session":
-        return sync_connection(session())
-    if kind in _SA_ASYNC:
-        raise _wrong_flavour(session, wanted_async=False)
-    raise _unsupported(session, "sync session")
-
-
-async def async_connection(session: Any) -> AsyncConnection:
-    """The psycopg ``AsyncConnection`` of an async session (see :func:`sync_connection`)."""
-    if isinstance(session, psycopg.AsyncConnection):
-        return session
-    if isinstance(session, psycopg.Connection):
-        raise _wrong_flavour(session, wanted_async=True)
-    kind = _sqlalchemy_kind(session)
-    if kind == "async_connection":
-        _check_driver(session.dialect, session)
-        if not session.in_transaction():
-            await session.begin()
-        fairy = await session.get_raw_connection()
-        return cast(AsyncConnection, fairy.driver_connection)
-    if kind == "async_session":
-        return await async_connection(await session.connection())
-    if kind == "async_scoped_session":
-        return await async_connection(session())
-    if kind in _SA_SYNC:
-        raise _wrong_flavour(session, wanted_async=True)
-    raise _unsupported(session, "async session")
-
-
-def is_source(obj: object) -> bool:
-    """Objects akadze opens a connection of its own from."""
-    if obj is None or isinstance(obj, str) or _is_app(obj):
-        return True
-    if _sqlalchemy_kind(obj) in ("engine", "async_engine"):
-        return True
-    return _pool_kind(obj) is not None
-
-
 def _pool_kind(obj: object) -> str | None:
     if "psycopg_pool" not in sys.modules:
         return None
@@ -223,12 +159,119 @@ def _pool_kind(obj: object) -> str | None:
     return None
 
 
+def _kind(obj: object) -> str | None:
+    """The kind of a session or source (a key of _FLAVOUR, or ``"url"`` for what is
+    opened by URL: the app, a URL string, None), None for anything else."""
+    if isinstance(obj, psycopg.Connection):
+        return "psycopg"
+    if isinstance(obj, psycopg.AsyncConnection):
+        return "async_psycopg"
+    if obj is None or isinstance(obj, str | DatabaseSource):
+        return "url"
+    return _sqlalchemy_kind(obj) or _pool_kind(obj)
+
+
+def _checked(obj: object, wanted: Flavour, what: str, *, sources: bool) -> str:
+    """The kind of ``obj``, refused when it is unknown (or a source, unless ``sources``)
+    or of the other flavour."""
+    kind = _kind(obj)
+    if kind is None or (kind in _SOURCES and not sources):
+        raise ConfigurationError(
+            f"unsupported {what} {type_name(obj)}: expected a psycopg connection, a "
+            "SQLAlchemy connection or session (postgresql+psycopg), an engine, a "
+            "psycopg_pool pool, the Akadze app or a database URL"
+        )
+    if _FLAVOUR.get(kind, wanted) != wanted:
+        if wanted == "async":
+            raise ConfigurationError(
+                f"{type_name(obj)} is a synchronous session; use the _sync function "
+                "(for example enqueue_sync) with it, or pass an async session"
+            )
+        raise ConfigurationError(
+            f"{type_name(obj)} is an asynchronous session; await the async function "
+            "(for example enqueue) with it, or pass a sync session"
+        )
+    return kind
+
+
+def _check_driver(obj: Any) -> None:
+    dialect = obj.dialect
+    name = getattr(dialect, "name", "?")
+    driver = getattr(dialect, "driver", "?")
+    if name != "postgresql" or driver != "psycopg":
+        raise ConfigurationError(
+            f"{type_name(obj)} uses the {name}+{driver} driver; akadze works through "
+            "psycopg 3: create the engine with a postgresql+psycopg:// URL"
+        )
+
+
+def is_source(obj: object) -> bool:
+    """Objects akadze opens a connection of its own from."""
+    return _kind(obj) in _SOURCES
+
+
+def is_sqlalchemy(obj: object) -> bool:
+    """Whether ``obj`` is a SQLAlchemy connection, session or engine."""
+    return _sqlalchemy_kind(obj) is not None
+
+
+def is_async_session(obj: object) -> bool:
+    """Whether ``obj`` is a session for the async API (psycopg or SQLAlchemy)."""
+    kind = _kind(obj)
+    return kind not in _SOURCES and _FLAVOUR.get(kind or "") == "async"
+
+
+def is_sync_session(obj: object) -> bool:
+    """Whether ``obj`` is a session for the ``_sync`` API (psycopg or SQLAlchemy)."""
+    kind = _kind(obj)
+    return kind not in _SOURCES and _FLAVOUR.get(kind or "") == "sync"
+
+
 def _url_of(source: object) -> str:
+    if isinstance(source, DatabaseSource):
+        return source.database_url
     if source is None:
         return database.resolve_url(None)
-    if isinstance(source, str):
-        return database.normalize_url(source)
-    return cast("Akadze", source).database_url
+    return database.normalize_url(cast(str, source))
+
+
+# -- raw connections of sessions ----------------------------------------------------
+
+
+def sync_connection(session: Any) -> SyncConnection:
+    """The psycopg ``Connection`` of a sync session.
+
+    A SQLAlchemy connection or session gets its transaction begun if it had none
+    (SQLAlchemy's autobegin), so that what akadze writes is committed or rolled back
+    with it.
+    """
+    kind = _checked(session, "sync", "sync session", sources=False)
+    if kind == "psycopg":
+        return cast(SyncConnection, session)
+    if kind == "connection":
+        _check_driver(session)
+        if not session.in_transaction():
+            session.begin()
+        return cast(SyncConnection, session.connection.driver_connection)
+    if kind == "session":
+        return sync_connection(session.connection())
+    return sync_connection(session())  # a scoped_session
+
+
+async def async_connection(session: Any) -> AsyncConnection:
+    """The psycopg ``AsyncConnection`` of an async session (see :func:`sync_connection`)."""
+    kind = _checked(session, "async", "async session", sources=False)
+    if kind == "async_psycopg":
+        return cast(AsyncConnection, session)
+    if kind == "async_connection":
+        _check_driver(session)
+        if not session.in_transaction():
+            await session.begin()
+        fairy = await session.get_raw_connection()
+        return cast(AsyncConnection, fairy.driver_connection)
+    if kind == "async_session":
+        return await async_connection(await session.connection())
+    return await async_connection(session())  # an async_scoped_session
 
 
 # -- opening connections from sources ---------------------------------------------------
@@ -238,53 +281,39 @@ def _url_of(source: object) -> str:
 def _open_sync(source: Any) -> Iterator[SyncConnection]:
     """A connection of akadze's own from a source, in autocommit mode or in a
     SQLAlchemy transaction that is committed on a clean exit."""
-    kind = _sqlalchemy_kind(source)
+    kind = _checked(source, "sync", "source", sources=True)
     if kind == "engine":
-        _check_driver(source.dialect, source)
+        _check_driver(source)
         with source.begin() as sa_connection:
             yield sync_connection(sa_connection)
-        return
-    if kind == "async_engine":
-        raise _wrong_flavour(source, wanted_async=False)
-    pool = _pool_kind(source)
-    if pool == "pool":
+    elif kind == "pool":
         with source.connection() as conn:
             yield conn
-        return
-    if pool == "async_pool":
-        raise _wrong_flavour(source, wanted_async=False)
-    conn = database.connect(_url_of(source), autocommit=True)
-    with conn:
-        yield conn
+    else:
+        with database.connect(_url_of(source), autocommit=True) as conn:
+            yield conn
 
 
 @asynccontextmanager
 async def _open_async(source: Any) -> AsyncIterator[AsyncConnection]:
-    kind = _sqlalchemy_kind(source)
+    kind = _checked(source, "async", "source", sources=True)
     if kind == "async_engine":
-        _check_driver(source.dialect, source)
+        _check_driver(source)
         async with source.begin() as sa_connection:
             yield await async_connection(sa_connection)
-        return
-    if kind == "engine":
-        raise _wrong_flavour(source, wanted_async=True)
-    pool = _pool_kind(source)
-    if pool == "async_pool":
+    elif kind == "async_pool":
         async with source.connection() as conn:
             yield conn
-        return
-    if pool == "pool":
-        raise _wrong_flavour(source, wanted_async=True)
-    conn = await database.connect_async(_url_of(source), autocommit=True)
-    async with conn:
-        yield conn
+    else:
+        async with await database.connect_async(_url_of(source), autocommit=True) as conn:
+            yield conn
 
 
 # -- writing ----------------------------------------------------------------------------
 
 
 @contextmanager
-def writing_sync(session: Any) -> Iterator[SyncConnection]:
+def writing_sync(session: SyncSession) -> Iterator[SyncConnection]:
     """A psycopg connection to write with, in a transaction.
 
     - a SQLAlchemy connection/session: its transaction (begun if needed); the caller
@@ -305,7 +334,7 @@ def writing_sync(session: Any) -> Iterator[SyncConnection]:
 
 
 @asynccontextmanager
-async def writing(session: Any) -> AsyncIterator[AsyncConnection]:
+async def writing(session: Session) -> AsyncIterator[AsyncConnection]:
     """The async twin of :func:`writing_sync`."""
     if is_source(session):
         async with _open_async(session) as conn, _own_transaction(conn):
@@ -351,7 +380,7 @@ async def _own_transaction(conn: AsyncConnection) -> AsyncIterator[None]:
 
 
 @contextmanager
-def reading_sync(source: Any) -> Iterator[SyncConnection]:
+def reading_sync(source: SyncSession) -> Iterator[SyncConnection]:
     """A psycopg connection to read with: the session's own connection, or a connection
     opened from a source (app, URL, ``Engine``, ``ConnectionPool``) and closed (returned)
     on exit."""
@@ -363,7 +392,7 @@ def reading_sync(source: Any) -> Iterator[SyncConnection]:
 
 
 @asynccontextmanager
-async def reading(source: Any) -> AsyncIterator[AsyncConnection]:
+async def reading(source: Session) -> AsyncIterator[AsyncConnection]:
     """The async twin of :func:`reading_sync` (``AsyncEngine``, ``AsyncConnectionPool``)."""
     if is_source(source):
         async with _open_async(source) as conn:

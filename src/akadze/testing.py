@@ -11,27 +11,17 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pydantic_core
 
-from . import sessions
-
-if TYPE_CHECKING:
-    from .app import Akadze
+from . import dialog, queries
+from .app import Akadze
+from .dialog import Dialog
+from .sessions import Session, SyncSession
+from .worker import Worker
 
 __all__ = ["assert_enqueued", "assert_enqueued_sync", "drain"]
-
-_READY_QUEUES = """
-SELECT DISTINCT queue FROM akadze.jobs
-WHERE state = 'queued' AND task = ANY(%(tasks)s::text[])
-"""
-
-_MATCHING = """
-SELECT id, queue, state::text, args FROM akadze.jobs
-WHERE task = %(task)s
-ORDER BY id
-"""
 
 
 async def drain(
@@ -51,14 +41,12 @@ async def drain(
     are left queued. ``queues``: default, the queues of the app's tasks and every
     queue holding ready jobs of them.
     """
-    from .worker import Worker
-
     url = database_url or app.database_url
     if queues is None:
         names = sorted(app.tasks)
-        async with sessions.reading(url) as conn:
-            cur = await conn.execute(_READY_QUEUES, {"tasks": names})
-            found = {str(row[0]) for row in await cur.fetchall()}
+        rows = await dialog.read(url, dialog.rows(queries.get("testing_ready_queues"),
+                                                  {"tasks": names}))
+        found = {str(row[0]) for row in rows}
         queues = sorted(found | {task.queue for task in app.tasks.values()})
     worker = Worker(
         app, queues=queues, slots=slots, listen=False, maintenance=False,
@@ -67,18 +55,12 @@ async def drain(
     return await worker.drain(max_runs=max_runs)
 
 
-def _wanted(args: dict[str, Any]) -> Any:
-    return pydantic_core.to_jsonable_python(args)
-
-
-def _check(
-    app: Any, task: str, args: dict[str, Any], rows: list[tuple[Any, ...]]
-) -> list[int]:
-    from .app import Akadze
-
+def _assert_enqueued(app: object, task: str, args: dict[str, Any]) -> Dialog[list[int]]:
+    """The check of assert_enqueued, written once (akadze.dialog)."""
     if isinstance(app, Akadze):
         app.get_task(task)  # UnknownTask for a typo
-    wanted = _wanted(args)
+    wanted = pydantic_core.to_jsonable_python(args)
+    rows = yield from dialog.rows(queries.get("testing_jobs_of_task"), {"task": task})
     matching = [int(row[0]) for row in rows if _contains(row[3], wanted)]
     if matching:
         return matching
@@ -98,18 +80,13 @@ def _contains(stored: Any, wanted: Any) -> bool:
     return bool(stored == wanted)
 
 
-async def assert_enqueued(app: Any, task: str, /, **args: Any) -> list[int]:
+async def assert_enqueued(app: Session, task: str, /, **args: Any) -> list[int]:
     """Assert that at least one job of ``task`` whose arguments include ``args`` exists
     (in any state); return the ids of the matching jobs. ``app``: the Akadze app, or
     any session or source that :mod:`akadze.sessions` accepts."""
-    async with sessions.reading(app) as conn:
-        cur = await conn.execute(_MATCHING, {"task": task})
-        rows = list(await cur.fetchall())
-    return _check(app, task, args, rows)
+    return await dialog.read(app, _assert_enqueued(app, task, args))
 
 
-def assert_enqueued_sync(app: Any, task: str, /, **args: Any) -> list[int]:
+def assert_enqueued_sync(app: SyncSession, task: str, /, **args: Any) -> list[int]:
     """The sync twin of :func:`assert_enqueued`."""
-    with sessions.reading_sync(app) as conn:
-        rows = list(conn.execute(_MATCHING, {"task": task}).fetchall())
-    return _check(app, task, args, rows)
+    return dialog.read_sync(app, _assert_enqueued(app, task, args))

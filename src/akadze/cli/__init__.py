@@ -6,6 +6,9 @@ refused operation is one clear line on stderr, never a traceback; the database
 URL comes from ``--database-url`` or ``AKADZE_DATABASE_URL`` and is never
 printed with its password.
 
+The exit code of an error is chosen here, from its class (:data:`EXIT_CODES`):
+library errors say what went wrong, not how a program reports it.
+
 Each command group lives in its own module here and is registered below.
 """
 
@@ -18,10 +21,41 @@ import click
 import psycopg
 
 from ..database import mask_password
-from ..errors import AkadzeError
+from ..errors import (
+    AkadzeError,
+    ConfigurationError,
+    DatabaseUnavailable,
+    DuplicateJob,
+    EnqueueError,
+    FilterError,
+    LimitError,
+    ScheduleError,
+)
 from . import bench, db, demo, jobs, limits, metrics, migrate, queues, schedules, worker, workers
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+#: The exit code of each error class. An error takes the code of the first of its
+#: classes (its own, then its bases, in method resolution order) listed here: bad
+#: input or settings are bad usage (2); everything else that stops a command, from
+#: an unreachable server to a failed migration or a crashed worker, is a failure (1).
+#: The table is documented in docs/reference/cli.md (and tested against it).
+EXIT_CODES: dict[type[AkadzeError], int] = {
+    AkadzeError: EXIT_FAILURE,
+    ConfigurationError: EXIT_USAGE,
+    DatabaseUnavailable: EXIT_FAILURE,
+    EnqueueError: EXIT_USAGE,
+    DuplicateJob: EXIT_FAILURE,
+    FilterError: EXIT_USAGE,
+    LimitError: EXIT_USAGE,
+    ScheduleError: EXIT_USAGE,
+}
+
+# A statement failed because the akadze schema (or a part of it) is missing.
+_NO_SCHEMA = (
+    psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
+    psycopg.errors.UndefinedObject, psycopg.errors.UndefinedFunction,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,6 +70,23 @@ for module in (migrate, worker, jobs, queues, limits, workers, schedules, metric
 
 def _one_line(message: str) -> str:
     return " ".join(mask_password(message).split())
+
+
+def exit_code(error: AkadzeError) -> int:
+    """The exit code of ``error``, from :data:`EXIT_CODES`."""
+    for kind in type(error).__mro__:
+        code = EXIT_CODES.get(kind)
+        if code is not None:
+            return code
+    return EXIT_FAILURE  # pragma: no cover - AkadzeError is in the table
+
+
+def _database_error(error: psycopg.Error) -> str:
+    """One line for a database problem no command turned into an akadze error."""
+    if isinstance(error, _NO_SCHEMA):
+        return "the database has no akadze schema (or an older one): run akadze migrate"
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return f"database error: {first}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,12 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = EXIT_FAILURE
     except AkadzeError as exc:
         click.echo(f"akadze: {_one_line(str(exc))}", err=True)
-        code = getattr(exc, "exit_code", EXIT_USAGE)
-    except psycopg.Error as exc:  # a database problem no command turned into its own error
-        missing = isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName)
-        hint = " (no akadze schema there? run `akadze migrate`)" if missing else ""
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        click.echo(f"akadze: database error: {_one_line(first)}{hint}", err=True)
+        code = exit_code(exc)
+    except psycopg.Error as exc:  # the database refused or lost a statement
+        click.echo(f"akadze: {_one_line(_database_error(exc))}", err=True)
         code = EXIT_FAILURE
     except KeyboardInterrupt:
         code = 130

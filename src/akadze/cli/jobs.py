@@ -2,52 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-import psycopg
 
 from ..cancellation import request_cancel_sync
 from ..control import requeue_sync, retry_now_sync
-from ..database import mask_password
-from ..errors import AkadzeError
 from ..jobs import JobState
 from ..overview import MAX_LIMIT, JobSummary, get_job_sync, list_jobs_sync
 from .options import database_url_option, json_option, print_json, print_table, resolve
 
 STATES = [s.value for s in JobState]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class DatabaseFailure(AkadzeError):
-    """The database refused or lost a command's statement (one line, exit 1)."""
-
-    exit_code = 1
-
-
-def database_errors(fn: F) -> F:
-    """Turn a psycopg error inside a command into one clear line (exit 1): a database
-    without the akadze schema, a dropped connection, a statement that failed."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
-                psycopg.errors.UndefinedObject, psycopg.errors.UndefinedFunction):
-            raise DatabaseFailure(
-                "the database has no akadze schema (or an older one): run akadze migrate"
-            ) from None
-        except psycopg.Error as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise DatabaseFailure(f"database error: {mask_password(first)}") from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def when(value: datetime | None) -> str:
@@ -113,7 +80,6 @@ def command() -> None:
               show_default=True, help="At most this many jobs, newest first.")
 @json_option
 @database_url_option
-@database_errors
 def list_command(queue: str | None, states: tuple[str, ...], task: str | None,
                  meta: dict[str, Any] | None, limit: int, as_json: bool,
                  database_url: str | None) -> None:
@@ -198,7 +164,6 @@ def _show(job: JobSummary) -> None:
 @click.argument("job_id", type=click.IntRange(min=1))
 @json_option
 @database_url_option
-@database_errors
 def show_command(job_id: int, as_json: bool, database_url: str | None) -> None:
     """One job: arguments, errors, timings and history."""
     job = get_job_sync(resolve(database_url), job_id)
@@ -211,7 +176,6 @@ def show_command(job_id: int, as_json: bool, database_url: str | None) -> None:
 @command.command("cancel")
 @click.argument("job_id", type=click.IntRange(min=1))
 @database_url_option
-@database_errors
 def cancel_command(job_id: int, database_url: str | None) -> None:
     """Cancel a queued job (it never runs) or tell a running job to stop."""
     done = request_cancel_sync(resolve(database_url), job_id)
@@ -224,7 +188,6 @@ def cancel_command(job_id: int, database_url: str | None) -> None:
 @command.command("requeue")
 @click.argument("job_id", type=click.IntRange(min=1))
 @database_url_option
-@database_errors
 def requeue_command(job_id: int, database_url: str | None) -> None:
     """Queue a failed or cancelled job again, with a fresh set of attempts."""
     requeue_sync(resolve(database_url), job_id)
@@ -234,7 +197,6 @@ def requeue_command(job_id: int, database_url: str | None) -> None:
 @command.command("retry")
 @click.argument("job_id", type=click.IntRange(min=1))
 @database_url_option
-@database_errors
 def retry_command(job_id: int, database_url: str | None) -> None:
     """Run a queued job now instead of waiting for its backoff or delay."""
     moved = retry_now_sync(resolve(database_url), job_id)

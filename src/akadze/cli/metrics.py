@@ -9,7 +9,6 @@ import click
 
 from ..database import describe, mask_password
 from ..metrics import CONTENT_TYPE, DEFAULT_WINDOW, render_sync
-from .jobs import database_errors
 from .options import database_url_option, resolve
 
 logger = logging.getLogger("akadze.metrics")
@@ -56,7 +55,6 @@ def make_server(url: str, host: str, port: int, window: int) -> ThreadingHTTPSer
 @click.option("--window", type=click.IntRange(1, 86400), default=DEFAULT_WINDOW,
               show_default=True, help="Seconds of the 'finished recently' throughput gauge.")
 @database_url_option
-@database_errors
 def command(serve: bool, host: str, port: int, window: int, database_url: str | None) -> None:
     """Cluster metrics in the Prometheus text format."""
     url = resolve(database_url)

@@ -9,10 +9,6 @@ from ..migrate import migrate_connection, pending_connection
 from .options import database_url_option, resolve
 
 
-class PendingMigrations(click.exceptions.Exit):
-    pass
-
-
 @click.command("migrate")
 @click.option("--check", is_flag=True, help="Only list pending migrations; exit 1 if any.")
 @database_url_option

@@ -7,7 +7,7 @@ import click
 from ..control import pause_queue_sync, resume_queue_sync
 from ..jobs import JobState
 from ..overview import queue_snapshot_sync
-from .jobs import database_errors, took, when
+from .jobs import took, when
 from .options import database_url_option, json_option, print_json, print_table, resolve
 
 
@@ -19,7 +19,6 @@ def command() -> None:
 @command.command("list")
 @json_option
 @database_url_option
-@database_errors
 def list_command(as_json: bool, database_url: str | None) -> None:
     """Every queue (with jobs, or paused): jobs per state, oldest-ready lag, paused."""
     snapshots = queue_snapshot_sync(resolve(database_url))
@@ -46,7 +45,6 @@ def list_command(as_json: bool, database_url: str | None) -> None:
 @command.command("pause")
 @click.argument("queue")
 @database_url_option
-@database_errors
 def pause_command(queue: str, database_url: str | None) -> None:
     """Stop every worker from claiming jobs of QUEUE (running jobs finish)."""
     changed = pause_queue_sync(resolve(database_url), queue)
@@ -56,7 +54,6 @@ def pause_command(queue: str, database_url: str | None) -> None:
 @command.command("resume")
 @click.argument("queue")
 @database_url_option
-@database_errors
 def resume_command(queue: str, database_url: str | None) -> None:
     """Let workers claim jobs of QUEUE again."""
     changed = resume_queue_sync(resolve(database_url), queue)

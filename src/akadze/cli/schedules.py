@@ -31,9 +31,7 @@ def list_command(app_reference: str, as_json: bool) -> None:
     """Every schedule of the app with its next fire (computed now, no database)."""
     app = load_app(app_reference)
     now = app.clock.now().astimezone(UTC)
-    schedules = sorted(
-        (s for s in app.schedules.values() if isinstance(s, Schedule)), key=lambda s: s.name
-    )
+    schedules = sorted(app.schedules.values(), key=lambda s: s.name)
     rows = [(s, s.next_fire(now)) for s in schedules]
     if as_json:
         print_json([

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import click
 
 from ..overview import list_workers_sync
-from .jobs import database_errors, took, when
+from .jobs import took, when
 from .options import database_url_option, json_option, print_json, print_table, resolve
 
 
@@ -19,7 +19,6 @@ def command() -> None:
 @command.command("list")
 @json_option
 @database_url_option
-@database_errors
 def list_command(as_json: bool, database_url: str | None) -> None:
     """Host, pid, queues, start, last heartbeat and running jobs of every worker."""
     workers = list_workers_sync(resolve(database_url))

@@ -25,10 +25,10 @@ import psycopg
 import pydantic
 
 from .. import outcomes
+from ..arguments import describe_validation
 from ..errors import JobLost
 from ..hooks import call_run_hooks
 from ..jobs import ClaimedJob
-from ..tasks import _describe_validation
 from ._connections import Connections
 from ._runs import RunContext, set_current
 from ._state import Run, WorkerState
@@ -153,7 +153,7 @@ class Runner:
                 try:
                     kwargs = task.load_args(job.args)
                 except pydantic.ValidationError as invalid:
-                    message = "stored arguments are invalid: " + _describe_validation(
+                    message = "stored arguments are invalid: " + describe_validation(
                         job.task, invalid)
                     run.body_done = True
                     self._finish(run, outcomes.invalid_args(
