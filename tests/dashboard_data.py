@@ -37,6 +37,10 @@ def tasks(app: Akadze) -> None:
     def sync_account(account: int) -> None:  # pragma: no cover - left queued
         pass
 
+    @app.task("build_report", queue="reports")
+    def build_report(n: int) -> int:
+        return n * n
+
     app.add_schedule("nightly_report", task="send_email", cron="0 3 * * *",
                      args={"to": "ops@example.com"})
 
@@ -69,3 +73,13 @@ async def fill(app: Akadze, *, backlog: int = 30) -> Filled:
             "VALUES ('nightly_report', date_trunc('day', now()) + interval '3 hours', %s)",
             (emails[0],))
     return Filled(failed, emails[1], running, queued)
+
+
+async def history(app: Akadze) -> None:
+    """Finished runs of several tenants in a queue of their own ('reports'), so that the
+    fairness page has shares of starts to show."""
+    report = app.tasks["build_report"]
+    for key, count in (("tenant:acme", 12), ("tenant:globex", 8), ("tenant:initech", 5),
+                       (None, 3)):
+        await report.using(limit_key=key).enqueue_many([{"n": i} for i in range(count)])
+    await drain(app, queues=["reports"])
