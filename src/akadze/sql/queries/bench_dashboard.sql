@@ -5,7 +5,7 @@
 --
 -- Jobs are numbered in the order a long-lived queue would have created them: the
 -- finished ones first (the oldest ids), then the queued backlog, then the running
--- jobs (the newest). Limit keys are tenants 'tenant:0000' .. ; the first
+-- jobs, then the jobs queued for the night (the newest). Limit keys are tenants 'tenant:0000' .. ; the first
 -- %(running)s tenants run one job each at max_running = 1, so they are at their limit.
 
 -- name: bench_dashboard_limits
@@ -93,6 +93,17 @@ SELECT %(finished)s + %(queued)s + i,
        'bench-worker-' || (i %% 4)
 FROM generate_series(1, %(running)s) AS i;
 
+-- name: bench_dashboard_later
+-- The rest of the million: jobs without a key queued for the night in a fourth queue,
+-- all scheduled (run_at tonight), none ready.
+INSERT INTO akadze.jobs (id, queue, task, args, state, run_at, created_at)
+SELECT %(finished)s + %(queued)s + %(running)s + i, 'nightly', 'rebuild_index',
+       jsonb_build_object('shard', i), 'queued',
+       date_trunc('day', %(now)s::timestamptz) + interval '1 day 2 hours'
+           + (i %% 3600) * interval '1 second',
+       %(now)s::timestamptz - interval '1 hour'
+FROM generate_series(1, %(later)s) AS i;
+
 -- name: bench_dashboard_marks
 -- The starts the rate-limited tenants recorded in the last minute.
 INSERT INTO akadze.start_marks (key, started_at, job_id)
@@ -116,3 +127,11 @@ CROSS JOIN generate_series(0, 23) AS h;
 
 -- name: bench_dashboard_sequence
 SELECT setval(pg_get_serial_sequence('akadze.jobs', 'id'), %(total)s);
+
+-- name: bench_dashboard_count
+-- What was loaded (the bench's report; never a dashboard page).
+SELECT count(*) FROM akadze.jobs;
+
+-- name: bench_dashboard_failed_job
+-- The job page the bench times: the newest failed job.
+SELECT max(id) FROM akadze.jobs WHERE state = 'failed';

@@ -229,18 +229,26 @@ WHERE %(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text);
 -- name: dashboard_waiting
 -- Ready jobs waiting per (queue, key), for the keys of one page: a range of
 -- jobs_ready_key_idx (queue, limit_key, ...) per pair, stopped at %(cap)s entries.
--- The empty-string key stands for the jobs without a key (the null group).
+-- The empty-string key stands for the jobs without a key (the null group). The two
+-- cases are two subqueries (CASE runs one): an OR of them would not use the index's
+-- second column and would read the whole queue once per key.
 SELECT q.queue, k.key, w.waiting
 FROM unnest(%(queues)s::text[]) AS q(queue)
 CROSS JOIN unnest(%(keys)s::text[]) AS k(key)
 CROSS JOIN LATERAL (
-    SELECT count(*) AS waiting FROM (
-        SELECT FROM akadze.jobs AS j
-        WHERE j.state = 'queued' AND j.queue = q.queue
-          AND (j.limit_key = k.key OR (k.key = '' AND j.limit_key IS NULL))
-          AND j.run_at <= %(now)s
-        LIMIT %(cap)s
-    ) AS x
+    SELECT CASE WHEN k.key = '' THEN (
+        SELECT count(*) FROM (
+            SELECT FROM akadze.jobs AS j
+            WHERE j.state = 'queued' AND j.queue = q.queue AND j.limit_key IS NULL
+              AND j.run_at <= %(now)s
+            LIMIT %(cap)s) AS x)
+    ELSE (
+        SELECT count(*) FROM (
+            SELECT FROM akadze.jobs AS j
+            WHERE j.state = 'queued' AND j.queue = q.queue AND j.limit_key = k.key
+              AND j.run_at <= %(now)s
+            LIMIT %(cap)s) AS x)
+    END AS waiting
 ) AS w
 WHERE w.waiting > 0;
 
