@@ -201,21 +201,22 @@ class LimitsPage:
         }
 
 
-async def waiting(conn: Conn, now: datetime, keys: Sequence[str | None],
-                  queues: Sequence[str] | None = None) -> dict[str | None, Count]:
-    """Ready jobs per key (None: the jobs without a key), over ``queues`` (default:
-    every queue with queued jobs), each (queue, key) stopped at WAITING_CAP."""
-    if queues is None:
-        queues = [str(r[0]) for r in await _rows(conn, "dashboard_waiting_queues", {})]
-    if not keys or not queues:
-        return {key: Count(0) for key in keys}
+async def waiting(conn: Conn, now: datetime,
+                  pairs: Sequence[tuple[str, str | None]]) -> dict[tuple[str, str | None], Count]:
+    """Ready jobs per (queue, key) pair (key None: the jobs without a key), each stopped
+    at WAITING_CAP."""
+    if not pairs:
+        return {}
     rows = await _rows(conn, "dashboard_waiting", {
-        "queues": list(queues), "keys": ["" if k is None else k for k in keys],
+        "queues": [q for q, _ in pairs], "keys": ["" if k is None else k for _, k in pairs],
         "now": now, "cap": WAITING_CAP})
-    parts: dict[str | None, list[int]] = {key: [] for key in keys}
-    for _queue, key, count in rows:
-        parts.setdefault(key or None, []).append(int(count))
-    return {key: _model.bounded_sum(counts, WAITING_CAP) for key, counts in parts.items()}
+    found = {(str(q), k or None): int(n) for q, k, n in rows}
+    return {pair: Count(found.get(pair, 0), found.get(pair, 0) < WAITING_CAP)
+            for pair in pairs}
+
+
+async def waiting_queues(conn: Conn) -> list[str]:
+    return [str(r[0]) for r in await _rows(conn, "dashboard_waiting_queues", {})]
 
 
 async def limits(conn: Conn, now: datetime, *, prefix: str | None = None,
@@ -226,7 +227,10 @@ async def limits(conn: Conn, now: datetime, *, prefix: str | None = None,
     found = await _rows(conn, "dashboard_limits", params)
     more = len(found) > LIMITS_PAGE
     found = found[:LIMITS_PAGE]
-    behind = await waiting(conn, now, [str(r[0]) for r in found])
+    queues = await waiting_queues(conn)
+    counts = await waiting(conn, now, [(q, str(r[0])) for r in found for q in queues])
+    behind = {str(r[0]): _model.bounded_sum(
+        (counts[(q, str(r[0]))].value for q in queues), WAITING_CAP) for r in found}
     total = (await _rows(conn, "dashboard_limits_total", {"prefix": prefix}))[0][0]
     rows = tuple(
         LimitRow(str(key), max_running, max_starts, window, int(running), int(starts),
@@ -264,7 +268,7 @@ async def fairness(conn: Conn, now: datetime) -> FairnessPage:
     starts = await _rows(conn, "dashboard_starts", {
         "now": now, "since": since, "cap": SAMPLE_CAP, "top": GROUP_ROWS})
     running_rows = await _rows(conn, "dashboard_running", {"since": since})
-    queues = [str(r[0]) for r in await _rows(conn, "dashboard_waiting_queues", {})]
+    queues = await waiting_queues(conn)
     sampled = int(starts[0][5]) if starts else 0
     oldest = starts[0][6] if starts else None
     covered = span if sampled < SAMPLE_CAP or oldest is None else min(span, now - oldest)
@@ -276,22 +280,27 @@ async def fairness(conn: Conn, now: datetime) -> FairnessPage:
     for queue, key, count, total, groups, _sampled, _oldest in starts:
         top.setdefault(queue, []).append((key, int(count)))
         totals[queue] = (int(total), int(groups))
-    out = []
-    for queue in sorted(set(queues) | set(running) | set(top)):
-        group_rows = await _rows(conn, "dashboard_groups", {"queue": queue, "cap": GROUPS_CAP})
-        waiting_keys = [r[0] for r in group_rows]
-        keyed = [k for k in waiting_keys if k is not None]
+    names = sorted(set(queues) | set(running) | set(top))
+    waiting_keys: dict[str, list[str | None]] = {}
+    for queue, key in await _rows(conn, "dashboard_groups",
+                                  {"queues": names, "cap": GROUPS_CAP}):
+        waiting_keys.setdefault(queue, []).append(key)
+    listed: dict[str, Shares] = {}
+    for queue in names:
         total, groups = totals.get(queue, (0, 0))
-        share = _model.shares(queue, top.get(queue, []), total, groups,
-                              running.get(queue, {}), waiting_keys, rows=GROUP_ROWS)
-        behind = await waiting(conn, now, [g.key for g in share.groups], [queue])
-        listed = tuple(
-            _model.Group(g.key, g.running, g.starts, g.share, behind.get(g.key, Count(0)))
-            for g in share.groups
-        )
-        waiting_groups = Count(len(waiting_keys), len(keyed) < GROUPS_CAP)
-        out.append(Shares(queue, listed, share.total_starts, share.total_groups,
-                          share.other_starts, share.running, waiting_groups))
+        listed[queue] = _model.shares(queue, top.get(queue, []), total, groups,
+                                      running.get(queue, {}), waiting_keys.get(queue, []),
+                                      rows=GROUP_ROWS)
+    behind = await waiting(conn, now, [(q, g.key) for q, s in listed.items() for g in s.groups])
+    out = []
+    for queue, share in listed.items():
+        keys = waiting_keys.get(queue, [])
+        out.append(Shares(
+            queue,
+            tuple(_model.Group(g.key, g.running, g.starts, g.share, behind[(queue, g.key)])
+                  for g in share.groups),
+            share.total_starts, share.total_groups, share.other_starts, share.running,
+            Count(len(keys), len([k for k in keys if k is not None]) < GROUPS_CAP)))
     return FairnessPage(now, tuple(out), span, sampled, covered)
 
 

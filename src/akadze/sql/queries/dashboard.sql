@@ -168,16 +168,18 @@ WITH
     GROUP BY st.queue, st.limit_key
 ), ranked AS (
     SELECT g.queue, g.limit_key, g.starts,
-           row_number() OVER (PARTITION BY g.queue ORDER BY g.starts DESC, g.limit_key) AS rank,
-           (sum(g.starts) OVER (PARTITION BY g.queue))::bigint AS total,
-           count(*) OVER (PARTITION BY g.queue) AS groups
+           -- COLLATE "C": any fixed order breaks the ties, and sorting thousands of
+           -- keys by the database's collation costs several times more.
+           row_number() OVER (PARTITION BY g.queue COLLATE "C"
+                              ORDER BY g.starts DESC, g.limit_key COLLATE "C") AS rank,
+           (sum(g.starts) OVER (PARTITION BY g.queue COLLATE "C"))::bigint AS total,
+           count(*) OVER (PARTITION BY g.queue COLLATE "C") AS groups
     FROM per_group AS g
 )
 SELECT r.queue, r.limit_key, r.starts, r.total, r.groups,
        (SELECT count(*) FROM sample), (SELECT min(s.finished_at) FROM sample AS s)
 FROM ranked AS r
-WHERE r.rank <= %(top)s
-ORDER BY r.queue, r.rank;
+WHERE r.rank <= %(top)s;
 
 -- name: dashboard_estimates
 -- The size of akadze.jobs per state as the planner estimates it (reltuples times the
@@ -227,25 +229,25 @@ SELECT count(*) FROM akadze.limits
 WHERE %(prefix)s::text IS NULL OR starts_with(key, %(prefix)s::text);
 
 -- name: dashboard_waiting
--- Ready jobs waiting per (queue, key), for the keys of one page: a range of
--- jobs_ready_key_idx (queue, limit_key, ...) per pair, stopped at %(cap)s entries.
--- The empty-string key stands for the jobs without a key (the null group). The two
--- cases are two subqueries (CASE runs one): an OR of them would not use the index's
--- second column and would read the whole queue once per key.
-SELECT q.queue, k.key, w.waiting
-FROM unnest(%(queues)s::text[]) AS q(queue)
-CROSS JOIN unnest(%(keys)s::text[]) AS k(key)
+-- Ready jobs waiting per (queue, key) pair (the arrays %(queues)s and %(keys)s, zipped),
+-- for the keys of one page: a range of jobs_ready_key_idx (queue, limit_key, ...) per
+-- pair, stopped at %(cap)s entries. The empty-string key stands for the jobs without
+-- a key (the null group). The two cases are two subqueries (CASE runs one): an OR of
+-- them would not use the index's second column and would read the whole queue once
+-- per key.
+SELECT p.queue, p.key, w.waiting
+FROM unnest(%(queues)s::text[], %(keys)s::text[]) AS p(queue, key)
 CROSS JOIN LATERAL (
-    SELECT CASE WHEN k.key = '' THEN (
+    SELECT CASE WHEN p.key = '' THEN (
         SELECT count(*) FROM (
             SELECT FROM akadze.jobs AS j
-            WHERE j.state = 'queued' AND j.queue = q.queue AND j.limit_key IS NULL
+            WHERE j.state = 'queued' AND j.queue = p.queue AND j.limit_key IS NULL
               AND j.run_at <= %(now)s
             LIMIT %(cap)s) AS x)
     ELSE (
         SELECT count(*) FROM (
             SELECT FROM akadze.jobs AS j
-            WHERE j.state = 'queued' AND j.queue = q.queue AND j.limit_key = k.key
+            WHERE j.state = 'queued' AND j.queue = p.queue AND j.limit_key = p.key
               AND j.run_at <= %(now)s
             LIMIT %(cap)s) AS x)
     END AS waiting
@@ -259,26 +261,30 @@ WITH RECURSIVE
 SELECT queue FROM queued_queues WHERE queue IS NOT NULL;
 
 -- name: dashboard_groups
--- The fair groups (limit keys) with queued jobs in one queue, in key order, found by
--- a skip scan over jobs_ready_key_idx (one descent per key) and stopped after
--- %(cap)s keys; the null group (jobs without a key) sorts last in the index and is
--- looked up on its own.
-WITH RECURSIVE keys(key) AS (
-    (SELECT j.limit_key FROM akadze.jobs AS j
-     WHERE j.state = 'queued' AND j.queue = %(queue)s AND j.limit_key IS NOT NULL
-     ORDER BY j.limit_key LIMIT 1)
+-- The fair groups (limit keys) with queued jobs, per queue of %(queues)s, in key order:
+-- a skip scan over jobs_ready_key_idx (one descent per key), stopped after %(cap)s keys
+-- per queue; the null group (jobs without a key) sorts last in the index and is looked
+-- up on its own.
+SELECT q.queue, g.key
+FROM unnest(%(queues)s::text[]) AS q(queue)
+CROSS JOIN LATERAL (
+    WITH RECURSIVE keys(key) AS (
+        (SELECT j.limit_key FROM akadze.jobs AS j
+         WHERE j.state = 'queued' AND j.queue = q.queue AND j.limit_key IS NOT NULL
+         ORDER BY j.limit_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.limit_key FROM akadze.jobs AS j
+                WHERE j.state = 'queued' AND j.queue = q.queue AND j.limit_key > k.key
+                ORDER BY j.limit_key LIMIT 1)
+        FROM keys AS k
+        WHERE k.key IS NOT NULL
+    )
+    (SELECT key FROM keys WHERE key IS NOT NULL LIMIT %(cap)s)
     UNION ALL
-    SELECT (SELECT j.limit_key FROM akadze.jobs AS j
-            WHERE j.state = 'queued' AND j.queue = %(queue)s AND j.limit_key > k.key
-            ORDER BY j.limit_key LIMIT 1)
-    FROM keys AS k
-    WHERE k.key IS NOT NULL
-)
-(SELECT key FROM keys WHERE key IS NOT NULL LIMIT %(cap)s)
-UNION ALL
-SELECT NULL WHERE EXISTS (
-    SELECT FROM akadze.jobs AS j
-    WHERE j.state = 'queued' AND j.queue = %(queue)s AND j.limit_key IS NULL);
+    SELECT NULL WHERE EXISTS (
+        SELECT FROM akadze.jobs AS j
+        WHERE j.state = 'queued' AND j.queue = q.queue AND j.limit_key IS NULL)
+) AS g;
 
 -- fragment: dashboard_job_filters
 -- The filters of the jobs list; an unset filter is NULL and folds away.
