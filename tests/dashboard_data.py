@@ -83,3 +83,12 @@ async def history(app: Akadze) -> None:
                        (None, 3)):
         await report.using(limit_key=key).enqueue_many([{"n": i} for i in range(count)])
     await drain(app, queues=["reports"])
+
+
+def state_of(database_url: str, job_id: int) -> str:
+    """A job's state as stored."""
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT state::text FROM akadze.jobs WHERE id = %s",
+                           (job_id,)).fetchone()
+    assert row is not None
+    return str(row[0])

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from dashboard_data import Filled, fill, tasks
+from dashboard_data import Filled, fill, state_of, tasks
 from psycopg import sql
 from starlette.applications import Starlette
 from starlette.routing import Mount
@@ -65,14 +65,6 @@ async def acting(dash_app: Akadze) -> AsyncIterator[httpx.AsyncClient]:
 
 async def token(c: httpx.AsyncClient) -> str:
     return str((await c.get("/api/session")).json()["csrf_token"])
-
-
-def state_of(database_url: str, job_id: int) -> str:
-    with psycopg.connect(database_url) as conn:
-        row = conn.execute("SELECT state::text FROM akadze.jobs WHERE id = %s",
-                           (job_id,)).fetchone()
-    assert row is not None
-    return str(row[0])
 
 
 async def test_every_page_and_its_json(filled: Filled, readonly: httpx.AsyncClient) -> None:
@@ -367,3 +359,35 @@ def test_only_one_of_the_auth_variables_is_refused(
     err = capsys.readouterr().err
     assert code != 0 and "AKADZE_DASHBOARD_PASSWORD is unset" in err and "Traceback" not in err
 
+
+
+def test_create_app_refuses_bad_settings(database_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="allow_actions must be True or False"):
+        create_app(database_url, allow_actions="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="refresh_seconds must be between"):
+        create_app(database_url, refresh_seconds=0)
+    with pytest.raises(ConfigurationError, match="not a PostgreSQL URL"):
+        create_app("mysql://u:hunter2@h/db")
+
+
+def test_the_cli_serves_the_dashboard_and_hides_the_password(database_url: str) -> None:
+    import subprocess
+    import sys
+    import urllib.request
+
+    secret_url = database_url.replace("postgres@", "postgres:hunter2@", 1)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "akadze", "dashboard", "--port", "0", "--database-url",
+         secret_url], stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()  # printed once the socket listens
+        found = re.search(r"on (http://127\.0\.0\.1:\d+/) \(read-only\)", line)
+        assert found, line
+        assert "postgres:***@" in line and "hunter2" not in line
+        with urllib.request.urlopen(found.group(1) + "api/session", timeout=30) as answer:
+            assert json.load(answer)["allow_actions"] is False
+    finally:
+        process.terminate()
+        _, rest = process.communicate(timeout=30)
+    assert "hunter2" not in rest and "Traceback" not in rest

@@ -7,22 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from dashboard_data import fill, history, tasks
+from dashboard_data import fill, history, state_of, tasks
 
 from akadze import Akadze
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 uvicorn = pytest.importorskip("uvicorn")
+from akadze.bench.dashboard import serving  # noqa: E402
 from akadze.dashboard import create_app  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -45,25 +43,6 @@ def browser() -> Iterator[Any]:
         chromium.close()
 
 
-@contextmanager
-def serving(asgi: Any) -> Iterator[str]:
-    """The app on a loopback port, served by uvicorn in a thread. The socket listens
-    before the thread starts, so the browser's first request waits in its backlog."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(asgi, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-        assert not thread.is_alive(), "the dashboard server did not stop"
-
-
 @pytest.fixture
 def dash_app(app: Akadze) -> Akadze:
     tasks(app)
@@ -77,14 +56,6 @@ def page(browser: Any) -> Iterator[Any]:
     found = context.new_page()
     yield found
     context.close()
-
-
-def state_of(url: str, job_id: int) -> str:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT state::text FROM akadze.jobs WHERE id = %s",
-                           (job_id,)).fetchone()
-    assert row is not None
-    return str(row[0])
 
 
 def run(coroutine: Any) -> Any:

@@ -91,16 +91,16 @@ def paths(url: str) -> list[str]:
 
 
 @contextmanager
-def serving(url: str) -> Iterator[str]:
+def serving(asgi: Any) -> Iterator[str]:
+    """An ASGI app served by uvicorn on a loopback port, in a thread; yields its base
+    URL. The socket listens before the thread starts, so a first request waits in its
+    backlog instead of being refused (the browser tests serve the dashboard this way)."""
     import uvicorn
-
-    from ..dashboard import create_app
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(create_app(url), log_level="warning",
-                                           lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(asgi, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -109,6 +109,8 @@ def serving(url: str) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+    if thread.is_alive():
+        raise RuntimeError("the dashboard server did not stop within 30 s")
 
 
 def _get(address: str) -> int:
@@ -211,7 +213,9 @@ def command(requests: int, warmup: int, report: Path | None, in_place: bool,
         click.echo(f"loaded {jobs:,} jobs in {seconds:.0f} s", err=True)
         with connect(scratch) as conn:
             host = host_details(conn)
-        with serving(scratch) as base:
+        from ..dashboard import create_app
+
+        with serving(create_app(scratch)) as base:
             timings = [measure(base, p, warmup, requests) for p in paths(scratch)]
     print_table("dashboard", COLUMNS, rows(timings))
     if report is not None:

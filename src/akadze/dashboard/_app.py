@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..database import normalize_url, resolve_url
+from ..errors import ConfigurationError
 from . import _actions, _pages
 from ._access import BasicAuth, Credentials
 from ._state import Dashboard, handle
@@ -39,10 +40,14 @@ def create_app(
     if database_url is None and app is not None:
         database_url = app.database_url
     url = normalize_url(database_url) if database_url is not None else resolve_url(None)
-    if isinstance(allow_actions, bool) is False:
-        raise TypeError(f"allow_actions must be True or False, got {allow_actions!r}")
-    if not 0.5 <= refresh_seconds <= 3600:
-        raise ValueError(f"refresh_seconds must be between 0.5 and 3600, got {refresh_seconds}")
+    if not isinstance(allow_actions, bool):
+        raise ConfigurationError(f"allow_actions must be True or False, got {allow_actions!r}")
+    for name, value, low, high in (("refresh_seconds", refresh_seconds, 0.5, 3600),
+                                   ("database_timeout", database_timeout, 0.1, 600)):
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not low <= value <= high:
+            raise ConfigurationError(f"{name} must be between {low:g} and {high:g} seconds, "
+                                     f"got {value!r}")
     dashboard = Dashboard(url, allow_actions, refresh_seconds, app, timeout=database_timeout)
     routes: list[BaseRoute] = [
         Route(path, handle(dashboard, handler), methods=[method])
