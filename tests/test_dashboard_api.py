@@ -391,3 +391,12 @@ def test_the_cli_serves_the_dashboard_and_hides_the_password(database_url: str) 
         process.terminate()
         _, rest = process.communicate(timeout=30)
     assert "hunter2" not in rest and "Traceback" not in rest
+
+
+async def test_a_local_dashboard_answers_local_names_only(database_url: str) -> None:
+    asgi = create_app(database_url, allowed_hosts=["127.0.0.1", "localhost"])
+    async with client(asgi) as c:
+        assert (await c.get("/api/session")).status_code == 200
+        rebound = await c.get("/api/session", headers={"Host": "attacker.example:8484"})
+        assert rebound.status_code == 400 and "csrf_token" not in rebound.text
+    await asgi.state.dashboard.close()
