@@ -20,7 +20,7 @@ from akadze import Akadze
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 uvicorn = pytest.importorskip("uvicorn")
-from akadze.bench.dashboard import serving  # noqa: E402
+from akadze.bench.dashboard_serving import serving  # noqa: E402
 from akadze.dashboard import create_app  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"

@@ -19,14 +19,11 @@ Runs in a scratch database created (and dropped) on the server of the URL, unles
 from __future__ import annotations
 
 import os
-import socket
 import statistics
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +35,7 @@ from .. import queries
 from ..cli.options import database_url_option, print_table, resolve
 from ..database import connect, describe
 from .claims import _md_table, host_details, scratch_database
+from .dashboard_serving import serving
 
 TARGET_MS = 100.0
 SIZES = {"keys": 2000, "running": 100, "finished": 500_000, "queued": 400_000,
@@ -88,29 +86,6 @@ def paths(url: str) -> list[str]:
              "/jobs?state=running", f"/jobs/{failed}", "/schedules"]
     apis = ["/api/overview" if p == "/" else "/api" + p for p in pages]
     return [*pages, *apis]
-
-
-@contextmanager
-def serving(asgi: Any) -> Iterator[str]:
-    """An ASGI app served by uvicorn on a loopback port, in a thread; yields its base
-    URL. The socket listens before the thread starts, so a first request waits in its
-    backlog instead of being refused (the browser tests serve the dashboard this way)."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(asgi, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-    if thread.is_alive():
-        raise RuntimeError("the dashboard server did not stop within 30 s")
 
 
 def _get(address: str) -> int:
