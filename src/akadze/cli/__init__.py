@@ -32,6 +32,7 @@ from ..errors import (
     ScheduleError,
 )
 from . import bench, db, demo, jobs, limits, metrics, migrate, queues, schedules, worker, workers
+from .dashboard import command as dashboard_command
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -66,6 +67,7 @@ def cli() -> None:
 
 for module in (migrate, worker, jobs, queues, limits, workers, schedules, metrics, db, demo, bench):
     cli.add_command(module.command)
+cli.add_command(dashboard_command)
 
 
 def _one_line(message: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..bench import claims, enqueue, faults, soak, throughput
+from ..bench.dashboard import command as dashboard_command
 
 
 @click.group("bench")
@@ -17,3 +18,4 @@ command.add_command(claims.command)
 command.add_command(throughput.command)
 command.add_command(faults.command)
 command.add_command(soak.command)
+command.add_command(dashboard_command)
