@@ -40,8 +40,10 @@ from .dashboard_serving import serving
 TARGET_MS = 100.0
 SIZES = {"keys": 2000, "running": 100, "finished": 500_000, "queued": 400_000,
          "later": 99_900}
-LOAD_STEPS = ("limits", "finished", "queued", "running", "later", "marks", "workers",
-              "fires", "sequence")
+#: The load, in order (bench/sql/dashboard.sql).
+LOAD_STEPS = ("bench_dashboard_limits", "bench_dashboard_finished", "bench_dashboard_queued",
+              "bench_dashboard_running", "bench_dashboard_later", "bench_dashboard_marks",
+              "bench_dashboard_workers", "bench_dashboard_fires", "bench_dashboard_sequence")
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ def load(url: str) -> tuple[float, int]:
         params: dict[str, Any] = {**SIZES, "now": datetime.now(UTC)}
         params["total"] = sum(SIZES[k] for k in ("finished", "queued", "running", "later"))
         for step in LOAD_STEPS:
-            conn.execute(queries.get(f"bench_dashboard_{step}"), params)
+            conn.execute(queries.get(step), params)
         conn.execute("VACUUM ANALYZE akadze.jobs")
         conn.execute("VACUUM ANALYZE akadze.limits")
         conn.execute("VACUUM ANALYZE akadze.start_marks")
