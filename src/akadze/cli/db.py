@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -11,7 +10,6 @@ import click
 
 from .. import embedded
 from ..database import mask_password
-from ..errors import EmbeddedServerError
 from .options import json_option, print_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -26,21 +24,6 @@ def _dir_option(fn: F) -> F:
         help=f"Server home directory (default: ${embedded.ENV_DIR}, else "
         f"$XDG_DATA_HOME/akadze/pg{embedded.PG_MAJOR}).",
     )(fn)
-
-
-def _failures_exit_1(fn: F) -> F:
-    """A server that refuses or fails (an unsafe data directory, a pid file naming
-    another process) is a failure, exit 1, not bad usage: one line on stderr."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except EmbeddedServerError as exc:
-            click.echo(f"akadze: {' '.join(mask_password(str(exc)).split())}", err=True)
-            raise click.exceptions.Exit(1) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _describe(status: embedded.ServerStatus) -> dict[str, Any]:
@@ -66,7 +49,6 @@ def command() -> None:
 
 @command.command("start")
 @_dir_option
-@_failures_exit_1
 def start(home: Path | None) -> None:
     """Start the server (initialising it the first time); reuse it when running."""
     server = embedded.server(home)
@@ -81,7 +63,6 @@ def start(home: Path | None) -> None:
 
 @command.command("stop")
 @_dir_option
-@_failures_exit_1
 def stop(home: Path | None) -> None:
     """Stop the server (fast shutdown: open transactions are rolled back)."""
     server = embedded.server(home)
@@ -90,7 +71,6 @@ def stop(home: Path | None) -> None:
 
 @command.command("status")
 @_dir_option
-@_failures_exit_1
 @json_option
 def status(home: Path | None, as_json: bool) -> None:
     """Whether the server runs, and where its files are."""
@@ -109,7 +89,6 @@ def status(home: Path | None, as_json: bool) -> None:
 
 @command.command("url")
 @_dir_option
-@_failures_exit_1
 @click.option("--tcp", is_flag=True, help="A TCP URL (127.0.0.1) instead of the unix socket.")
 @click.option(
     "--show-password", is_flag=True, help="With --tcp: print the password instead of ***."
