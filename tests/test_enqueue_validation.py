@@ -96,7 +96,7 @@ BAD_ARGS: list[tuple[dict[str, Any], str | None]] = [
     ({"name": "ada", "extra": {"k\x00": 1}}, "extra"),
     ({"name": "ada", "extra": math.inf}, "extra"),
     ({"name": "ada", "extra": [1.0, math.nan]}, "extra"),
-    ({"name": "\ud800"}, None),
+    ({"name": "\ud800"}, "name"),
 ]
 
 
@@ -270,7 +270,16 @@ def test_options_round_trip_or_are_refused(
                 job_id = hello.using(session=mine, **options).enqueue_sync(name=name)
         except EnqueueError as refused:
             assert refused.field is not None or "argument" in str(refused)
-            assert mine.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            status = mine.info.transaction_status
+            if bulk:
+                # What only serialization finds (a NUL inside an argument) is found
+                # while the server reserves the ids: the batch is rolled back to its
+                # savepoint, and the caller's transaction stays usable.
+                assert status in (psycopg.pq.TransactionStatus.IDLE,
+                                  psycopg.pq.TransactionStatus.INTRANS)
+                assert mine.execute("SELECT count(*) FROM akadze.jobs").fetchone() == (0,)
+            else:
+                assert status == psycopg.pq.TransactionStatus.IDLE
             return
         row = mine.execute(
             "SELECT args->>'name', priority, max_attempts, limit_key, unique_key, queue, meta, "

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
-from . import database, schedules
+from . import arguments, database, schedules
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import AkadzeError, ConfigurationError, ScheduleError, UnknownTask
 from .hooks import Hook
@@ -31,6 +31,10 @@ class Akadze(DatabaseSource):
 
     ``database_url`` defaults to ``AKADZE_DATABASE_URL`` and, without it, to the
     embedded server (``akadze[embedded]``).
+
+    ``max_args_bytes`` and ``max_result_bytes``: the most a job's arguments and its
+    result may take as compact JSON (1 MiB each by default, at most 8 MiB). An enqueue
+    over the first is refused with EnqueueError (``field="args"``).
     """
 
     def __init__(
@@ -41,6 +45,8 @@ class Akadze(DatabaseSource):
         retention: timedelta = DEFAULT_RETENTION,
         failed_retention: timedelta | None = None,
         clock: Clock | None = None,
+        max_args_bytes: int = arguments.DEFAULT_PAYLOAD_BYTES,
+        max_result_bytes: int = arguments.DEFAULT_PAYLOAD_BYTES,
     ) -> None:
         if database_url is not None:
             database.normalize_url(database_url)  # form check only, no connection
@@ -54,6 +60,9 @@ class Akadze(DatabaseSource):
         # Failed jobs are kept for inspection; by default four times as long.
         self.failed_retention = failed_retention or retention * 4
         self.clock: Clock = clock or SYSTEM_CLOCK
+        self.max_args_bytes = arguments.check_payload_limit(max_args_bytes, "max_args_bytes")
+        self.max_result_bytes = arguments.check_payload_limit(max_result_bytes,
+                                                              "max_result_bytes")
         self.tasks: dict[str, Task[Any]] = {}
         self.schedules: dict[str, Schedule] = {}
         self.on_enqueue_hooks: list[Hook] = []

@@ -3,8 +3,9 @@ path that checks arguments and makes the JSON text stored with a job.
 
 ``enqueue``, ``enqueue_many`` and a schedule's registration all check arguments here
 (so whatever a schedule accepts at registration, each of its fires can enqueue), with
-the same pydantic validation and the same checks of what jsonb cannot store: NUL
-characters and NaN/Infinity (also inside ``Any``-typed arguments). The worker loads
+the same pydantic validation, the same checks of what jsonb cannot store (NUL
+characters and NaN/Infinity, also inside ``Any``-typed arguments) and the same size
+limit (the app's ``max_args_bytes``, see :data:`DEFAULT_PAYLOAD_BYTES`). The worker loads
 stored arguments back through the model and reports invalid ones with the same
 formatter (:func:`describe_validation`).
 
@@ -37,6 +38,41 @@ ARGS_CONFIG = pydantic.ConfigDict(
 
 # A NUL escape in JSON text: "\u0000" preceded by an even number of backslashes.
 _JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+# -- sizes ----------------------------------------------------------------------------------
+#: The default of ``Akadze(max_args_bytes=..., max_result_bytes=...)``: the most a job's
+#: arguments, and its result, may take as compact JSON (UTF-8 bytes).
+DEFAULT_PAYLOAD_BYTES = 1024 * 1024
+#: The most either setting may be. Jobs are rows that claims, lists and the dashboard
+#: read: keep big payloads elsewhere (object storage, a table of your own) and pass a
+#: reference.
+MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+#: The schema's ceiling (migration 0008: CHECK on ``pg_column_size`` of ``args`` and
+#: ``result``), whatever wrote the row. jsonb can take up to about six times the size
+#: of the compact JSON text (an array of one-digit numbers), so anything akadze
+#: accepts under MAX_PAYLOAD_BYTES fits under it.
+STORED_CEILING_BYTES = 64 * 1024 * 1024
+
+
+def check_payload_limit(value: object, name: str) -> int:
+    """A size setting (``max_args_bytes``, ``max_result_bytes``): a whole number of bytes
+    from 1 to MAX_PAYLOAD_BYTES. Raises ConfigurationError naming the setting."""
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            1 <= value <= MAX_PAYLOAD_BYTES):
+        raise ConfigurationError(
+            f"{name} must be a whole number of bytes from 1 to {MAX_PAYLOAD_BYTES} "
+            f"(8 MiB), got {value!r}"
+        )
+    return value
+
+
+def oversize(what: str, size: int, limit: int, setting: str) -> str | None:
+    """The message for a JSON text of ``size`` bytes over ``limit`` (None when it fits):
+    ``"arguments are 2000000 bytes as JSON; at most 1048576 (max_args_bytes)"``. For
+    enqueue here, and for the worker's results (``max_result_bytes``)."""
+    if size <= limit:
+        return None
+    return f"{what} {size} bytes as JSON; at most {limit} ({setting})"
 
 
 class HasArguments(Protocol):
@@ -182,6 +218,17 @@ def _argument_with_problem(data: bytes) -> str | None:
     return None
 
 
+def _unserializable_argument(validated: Any) -> str | None:
+    """The top-level argument that JSON serialization fails on (for the message)."""
+    items = validated.items() if isinstance(validated, Mapping) else vars(validated).items()
+    for name, value in items:
+        try:
+            pydantic_core.to_json(value)
+        except (pydantic_core.PydanticSerializationError, ValueError, RecursionError):
+            return str(name)
+    return None
+
+
 # -- the one validation path ---------------------------------------------------------------
 
 _list_adapters: weakref.WeakKeyDictionary[Any, pydantic.TypeAdapter[Any]] = (
@@ -205,8 +252,10 @@ def list_adapter(task: HasArguments) -> pydantic.TypeAdapter[Any]:
     return adapter
 
 
-def serialize_args(task: HasArguments, kwargs: Mapping[str, Any], where: str = "") -> str:
-    """Check one job's arguments; return the JSON text to store. Raises EnqueueError."""
+def serialize_args(task: HasArguments, kwargs: Mapping[str, Any], where: str = "", *,
+                   max_bytes: int) -> str:
+    """Check one job's arguments, at most ``max_bytes`` as JSON; return the JSON text to
+    store. Raises EnqueueError."""
     adapter = list_adapter(task)
     try:
         validated = adapter.validate_python([kwargs])
@@ -214,19 +263,28 @@ def serialize_args(task: HasArguments, kwargs: Mapping[str, Any], where: str = "
         message, first = describe_errors(task.name, exc, skip=1)
         raise EnqueueError(f"{where}{message}", field=first or None) from None
     try:
-        data = pydantic_core.to_json(
-            adapter.dump_python(validated, mode="json", exclude_unset=True)[0]
-        )
+        plain = adapter.dump_python(validated, mode="json", exclude_unset=True)[0]
+        data = pydantic_core.to_json(plain)
     except (pydantic_core.PydanticSerializationError, ValueError) as exc:
+        name = _unserializable_argument(validated[0])
+        shown = f"argument {name!r} is" if name else "arguments are"
         raise EnqueueError(
-            f"{where}task {task.name!r}: arguments are not storable as JSON: {exc}"
+            f"{where}task {task.name!r}: {shown} not storable as JSON: {exc}",
+            field=name or "args",
         ) from None
     problem = json_problem(data)
     if problem:
         name = _argument_with_problem(data)
         shown = f"argument {name!r}" if name else "arguments"
         raise EnqueueError(f"{where}task {task.name!r}: {shown} {problem}", field=name)
+    _check_size(task, len(data), max_bytes, where)
     return data.decode("utf-8")
+
+
+def _check_size(task: HasArguments, size: int, max_bytes: int, where: str) -> None:
+    too_big = oversize("arguments are", size, max_bytes, "max_args_bytes")
+    if too_big is not None:
+        raise EnqueueError(f"{where}task {task.name!r}: {too_big}", field="args")
 
 
 def validate_many(task: HasArguments, arg_dicts: list[Any]) -> list[Any]:
@@ -244,25 +302,30 @@ def validate_many(task: HasArguments, arg_dicts: list[Any]) -> list[Any]:
 
 
 def dump_many(task: HasArguments, validated: Sequence[Any],
-              arg_dicts: Sequence[Any], start: int) -> list[str]:
+              arg_dicts: Sequence[Any], start: int, *, max_bytes: int) -> list[str]:
     """The JSON texts of validated arguments (items ``start`` onwards of a batch). An item
-    that cannot be stored raises the EnqueueError :func:`serialize_args` gives it, named
-    by its index; ``arg_dicts`` are the items as given, for that message."""
+    that cannot be stored, or is over ``max_bytes``, raises the EnqueueError
+    :func:`serialize_args` gives it, named by its index; ``arg_dicts`` are the items as
+    given, for that message."""
     try:
         plain = list_adapter(task).dump_python(validated, mode="json", exclude_unset=True)
         data = [pydantic_core.to_json(item) for item in plain]
     except (pydantic_core.PydanticSerializationError, ValueError):
-        _name_the_item(task, arg_dicts, start, start + len(validated))
+        _name_the_item(task, arg_dicts, start, start + len(validated), max_bytes)
         raise  # pragma: no cover - _name_the_item raises
     # One scan of the chunk; the per-item search runs only when something is found.
     if json_problem(b"\n".join(data)):
         for offset, item in enumerate(data):
             if json_problem(item):
-                _name_the_item(task, arg_dicts, start + offset, start + offset + 1)
+                _name_the_item(task, arg_dicts, start + offset, start + offset + 1, max_bytes)
+    for offset, item in enumerate(data):
+        if len(item) > max_bytes:
+            _check_size(task, len(item), max_bytes, f"item {start + offset}: ")
     return [item.decode("utf-8") for item in data]
 
 
-def _name_the_item(task: HasArguments, arg_dicts: Sequence[Any], start: int, stop: int) -> None:
+def _name_the_item(task: HasArguments, arg_dicts: Sequence[Any], start: int, stop: int,
+                   max_bytes: int) -> None:
     """Raise the EnqueueError of the first item in [start, stop) that cannot be stored."""
     for index in range(start, stop):
-        serialize_args(task, arg_dicts[index], where=f"item {index}: ")
+        serialize_args(task, arg_dicts[index], where=f"item {index}: ", max_bytes=max_bytes)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import psycopg
 
-from . import dialog, queries
+from . import dialog, names, queries
 from .app import Akadze, transition_hooks
 from .dialog import Dialog
 from .errors import ConfigurationError, DuplicateJob, InvalidJobState, JobNotFound
@@ -42,8 +42,12 @@ REQUEUABLE = ("failed", "cancelled")
 
 
 def _check_queue(queue: object) -> str:
-    if not isinstance(queue, str) or not queue or "\x00" in queue:
-        raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
+    """A queue's name as enqueue accepts it (akadze.names); ConfigurationError naming
+    ``queue`` otherwise, before any statement."""
+    wrong = names.problem(queue, "queue")
+    if wrong is not None:
+        raise ConfigurationError(wrong)
+    assert isinstance(queue, str)
     return queue
 
 

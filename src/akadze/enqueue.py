@@ -54,6 +54,9 @@ class EnqueueApp(Protocol):
     @property
     def on_enqueue_hooks(self) -> Sequence[Hook]: ...
 
+    @property
+    def max_args_bytes(self) -> int: ...
+
 
 class EnqueueTask(TaskSpec, Protocol):
     """A task as enqueueing sees it (akadze.Task is one)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypedDict, Unpack
 
-from . import arguments
+from . import arguments, names
 from .arguments import HasArguments
 from .clock import Clock
 from .errors import EnqueueError
@@ -29,9 +29,6 @@ from .jobs import EnqueuedJob
 # meta is a small label, GIN-indexed: its compact JSON form (UTF-8) is capped.
 META_MAX_BYTES = 8 * 1024
 META_MAX_DEPTH = 32
-# queue, limit_key and unique_key sit in btree indexes, whose entries must stay well
-# under PostgreSQL's ~2700-byte limit (queue and limit_key share one entry).
-KEY_MAX_BYTES = 1000
 # Python writes floats from 1e16 up in exponent form; jsonb keeps such a number as
 # an integral numeric and hands it back as a (different) Python int. Below it, a
 # float comes back exactly.
@@ -130,9 +127,14 @@ class Options:
         return self.run_at is not None or self.delay != _NO_DELAY
 
 
-class _HasClock(Protocol):
+class _AppSettings(Protocol):
+    """What building jobs needs of the app: its clock and its size limit of arguments."""
+
     @property
     def clock(self) -> Clock: ...
+
+    @property
+    def max_args_bytes(self) -> int: ...
 
 
 class TaskSpec(HasArguments, Protocol):
@@ -149,7 +151,7 @@ class TaskSpec(HasArguments, Protocol):
     def max_attempts(self) -> int: ...
 
     @property
-    def app(self) -> _HasClock: ...
+    def app(self) -> _AppSettings: ...
 
 
 def _refuse(where: str, message: str, field: str | None) -> EnqueueError:
@@ -184,19 +186,12 @@ def check_max_attempts(value: object, where: str = "") -> int:
 
 
 def check_text(value: object, field: str, where: str = "") -> str:
-    """A non-empty string without NUL, at most KEY_MAX_BYTES in UTF-8."""
-    if not isinstance(value, str):
-        raise _refuse(where, f"{field} must be a string, got {type(value).__name__}", field)
-    if not value:
-        raise _refuse(where, f"{field} must not be empty", field)
-    if "\x00" in value:
-        raise _refuse(where, f"{field} must not contain a NUL character", field)
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise _refuse(where, f"{field} is not valid Unicode (a lone surrogate)", field) from None
-    if size > KEY_MAX_BYTES:
-        raise _refuse(where, f"{field} is {size} bytes long; at most {KEY_MAX_BYTES}", field)
+    """A name as akadze stores it (akadze.names): non-empty, without NUL, at most
+    KEY_MAX_BYTES in UTF-8."""
+    wrong = names.problem(value, field)
+    if wrong is not None:
+        raise _refuse(where, wrong, field)
+    assert isinstance(value, str)
     return value
 
 
@@ -384,8 +379,8 @@ class Pending:
 
 def build_pending(task: TaskSpec, options: Options, kwargs: Mapping[str, Any]) -> Pending:
     """One job, checked: its arguments (akadze.arguments) and options."""
-    return Pending(task=task.name, args_json=arguments.serialize_args(task, kwargs),
-                   options=options)
+    args_json = arguments.serialize_args(task, kwargs, max_bytes=task.app.max_args_bytes)
+    return Pending(task=task.name, args_json=args_json, options=options)
 
 
 # -- many jobs ----------------------------------------------------------------------------
@@ -452,7 +447,8 @@ class Batch:
         return head, "\t" + "\t".join(tail) + "\n"
 
     def _serialize(self, start: int, stop: int) -> list[str]:
-        return arguments.dump_many(self.task, self.validated[start:stop], self.arg_dicts, start)
+        return arguments.dump_many(self.task, self.validated[start:stop], self.arg_dicts, start,
+                                   max_bytes=self.task.app.max_args_bytes)
 
     def copy_chunks(self, ids: Sequence[int], now: datetime) -> Iterator[str]:
         """The COPY text-format data, in chunks of COPY_CHUNK_ROWS rows."""

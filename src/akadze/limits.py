@@ -20,13 +20,12 @@ from typing import Any, Final
 
 import psycopg
 
-from . import dialog, queries
+from . import dialog, names, queries
 from .dialog import Dialog
 from .errors import LimitError
-from .jobspec import KEY_MAX_BYTES
 from .sessions import Session, SyncSession
 
-MAX_KEY_BYTES: Final = KEY_MAX_BYTES  # the same bound as a job's limit_key
+MAX_KEY_BYTES: Final = names.KEY_MAX_BYTES  # the same bound as a job's limit_key
 MAX_COUNT: Final = 2**31 - 1  # the columns are PostgreSQL integers
 
 
@@ -75,18 +74,10 @@ def check_key(key: object) -> str:
     Accepts exactly the keys a job can carry (see ``akadze.jobspec``): a non-empty
     string without NUL, at most KEY_MAX_BYTES in UTF-8.
     """
-    if not isinstance(key, str):
-        raise LimitError(f"key must be a string, not {type(key).__name__}")
-    if not key:
-        raise LimitError("key must be a non-empty string")
-    if "\x00" in key:
-        raise LimitError("key must not contain NUL characters")
-    try:
-        size = len(key.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise LimitError("key is not valid Unicode (a lone surrogate)") from None
-    if size > MAX_KEY_BYTES:
-        raise LimitError(f"key is {size} bytes long in UTF-8; at most {MAX_KEY_BYTES} allowed")
+    wrong = names.problem(key, "key")
+    if wrong is not None:
+        raise LimitError(wrong)
+    assert isinstance(key, str)
     return key
 
 

@@ -3,6 +3,14 @@
 Each migration is a file ``sql/migrations/NNNN_name.sql``; applied versions are
 recorded in ``akadze.migrations``. Two ``akadze migrate`` runs at once are safe:
 the second waits on the advisory lock, then finds nothing left to apply.
+
+The pending migrations run in one transaction. A migration may end with a part after
+the line ``-- akadze: after commit``: statements that must not run under the locks of
+that transaction (``VALIDATE CONSTRAINT`` of a constraint added ``NOT VALID``, which
+scans a large table while writes go on). They must be idempotent: every ``migrate``
+runs the after-commit parts of all migrations once the transaction has committed (a
+validated constraint is validated again in no time), so a part that failed, or was
+cut short, is done by the next run.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from .errors import MigrationError
 MIGRATION_LOCK = 0x616B61647A656D67
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_AFTER_COMMIT = re.compile(r"^-- akadze: after commit$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,17 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def in_transaction(self) -> str:
+        """The statements run in the migrations' transaction."""
+        return _AFTER_COMMIT.split(self.sql, maxsplit=1)[0]
+
+    @property
+    def after_commit(self) -> str:
+        """The statements run after that transaction has committed ("" for none)."""
+        parts = _AFTER_COMMIT.split(self.sql, maxsplit=1)
+        return parts[1].strip() if len(parts) > 1 else ""
 
 
 @cache
@@ -81,7 +101,7 @@ def _migrate_in_transaction() -> Dialog[list[Migration]]:
     applied_now: list[Migration] = []
     for migration in pending_after((yield from _applied())):
         try:
-            yield from dialog.execute(migration.sql)
+            yield from dialog.execute(migration.in_transaction)
         except psycopg.Error as exc:
             raise MigrationError(
                 f"migration {migration.version:04d}_{migration.name} failed: {exc}"
@@ -92,8 +112,27 @@ def _migrate_in_transaction() -> Dialog[list[Migration]]:
     return applied_now
 
 
+def _after_commit() -> Dialog[None]:
+    """The after-commit parts of every migration, each in a transaction of its own
+    (the connection is in autocommit mode): all migrations are applied by now."""
+    for migration in available():
+        if not migration.after_commit:
+            continue
+        try:
+            yield from dialog.execute(migration.after_commit)
+        except psycopg.Error as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise MigrationError(
+                f"migration {migration.version:04d}_{migration.name} is applied, but its "
+                f"after-commit step failed: {first}; see the comment at the top of the "
+                "migration, then run akadze migrate again"
+            ) from exc
+
+
 def _migrate() -> Dialog[list[Migration]]:
-    return (yield from dialog.transaction(_migrate_in_transaction()))
+    applied = yield from dialog.transaction(_migrate_in_transaction())
+    yield from _after_commit()
+    return applied
 
 
 def _pending() -> Dialog[list[Migration]]:

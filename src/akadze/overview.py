@@ -9,7 +9,6 @@ each pair is two thin calls of one dialog (akadze.dialog).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,10 +16,11 @@ from typing import Any, overload
 
 from psycopg.rows import dict_row
 
-from . import dialog, queries
+from . import dialog, names, queries
 from .dialog import Dialog
-from .errors import FilterError, JobNotFound
+from .errors import EnqueueError, FilterError, JobNotFound
 from .jobs import JobState
+from .jobspec import check_meta
 from .sessions import Session, SyncSession
 
 __all__ = [
@@ -195,6 +195,17 @@ def _states(state: JobState | str | Sequence[JobState | str] | None) -> list[str
     return out
 
 
+def _filter(value: str | None, field: str, *, max_bytes: int | None = names.KEY_MAX_BYTES
+            ) -> str | None:
+    """A name filter: None, or a name that a job could carry (akadze.names)."""
+    if value is None:
+        return None
+    wrong = names.problem(value, field, max_bytes=max_bytes)
+    if wrong is not None:
+        raise FilterError(wrong)
+    return value
+
+
 def _list_params(
     queue: str | None,
     state: JobState | str | Sequence[JobState | str] | None,
@@ -204,14 +215,15 @@ def _list_params(
 ) -> tuple[str, dict[str, Any]]:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise FilterError(f"limit must be between 1 and {MAX_LIMIT}, got {limit!r}")
+    params = {"queue": _filter(queue, "queue"), "states": _states(state),
+              "task": _filter(task, "task", max_bytes=None), "limit": limit}
     if meta is not None and not isinstance(meta, Mapping):
         raise FilterError(f"meta must be a mapping, got {type(meta).__name__}")
-    params = {"queue": queue, "states": _states(state), "task": task, "limit": limit}
     if meta:
-        try:
-            params["meta"] = json.dumps(dict(meta), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise FilterError(f"meta filter is not JSON: {exc}") from None
+        try:  # the checks of an enqueue's meta: what no job can carry matches nothing
+            params["meta"] = check_meta(meta)[1]
+        except EnqueueError as exc:
+            raise FilterError(f"meta filter: {exc}") from None
         return "jobs_list_meta", params
     return "jobs_list", params
 
@@ -233,7 +245,7 @@ def _snapshots(
         per_queue.setdefault(queue, []).append(StateCount(JobState(state), int(count)))
     ready_by = {row[0]: (int(row[1]), int(row[2]), row[3]) for row in ready}
     paused = {row[0]: row[1] for row in pauses}
-    names = sorted(set(per_queue) | set(paused) | ({only} if only else set()))
+    queues = sorted(set(per_queue) | set(paused) | ({only} if only else set()))
     return [
         QueueSnapshot(
             queue=name,
@@ -244,7 +256,7 @@ def _snapshots(
             paused=name in paused,
             paused_at=paused.get(name),
         )
-        for name in names
+        for name in queues
     ]
 
 
@@ -281,7 +293,7 @@ def _get_job(job_id: object) -> Dialog[JobSummary]:
 
 def read_snapshots(queue: str | None, now: datetime | None) -> Dialog[list[QueueSnapshot]]:
     """The snapshots of every queue, or of ``queue`` (a list of one); also metrics'."""
-    params = {"queue": queue, "now": now}
+    params = {"queue": _filter(queue, "queue"), "now": now}
     counts = yield from dialog.rows(queries.get("queue_state_counts"), params)
     ready = yield from dialog.rows(queries.get("queue_ready"), params)
     pauses = yield from dialog.rows(queries.get("queue_pauses_list"), params)

@@ -220,7 +220,8 @@ def build(
     if meta is not None and not isinstance(meta, Mapping):
         raise refuse(name, f"meta must be a mapping, got {type(meta).__name__}")
     try:  # the checks of an enqueue, once, here
-        args_json = arguments.serialize_args(task, dict(args or {}))
+        args_json = arguments.serialize_args(task, dict(args or {}),
+                                             max_bytes=task.app.max_args_bytes)
         job_options = build_options(task, {**options, "meta": {"schedule": name, **(meta or {})}})
     except AkadzeError as exc:
         raise refuse(name, str(exc)) from None

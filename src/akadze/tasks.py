@@ -98,7 +98,8 @@ class Task(Generic[R]):
     def validate_args(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Check arguments as enqueue does; return their stored JSON form. Raises
         EnqueueError."""
-        loaded: dict[str, Any] = json.loads(arguments.serialize_args(self, kwargs))
+        loaded: dict[str, Any] = json.loads(
+            arguments.serialize_args(self, kwargs, max_bytes=self.app.max_args_bytes))
         return loaded
 
     def load_args(self, stored: dict[str, Any]) -> dict[str, Any]:

@@ -43,6 +43,10 @@ def parse_meta(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
                 value: Any = json.loads(raw)
             except ValueError:
                 raise click.BadParameter(f"{item!r}: {raw!r} is not JSON", ctx, param) from None
+            except RecursionError:  # json.loads recurses once per level
+                raise click.BadParameter(
+                    f"the value of {key!r} is nested too deeply to be JSON meta", ctx, param
+                ) from None
         elif "=" in item:
             key, _, value = item.partition("=")
         else:
