@@ -44,7 +44,13 @@ MAX_LIMIT = 10_000
 
 @dataclass(frozen=True)
 class JobSummary:
-    """A job as stored: its identity, state, options, timings and history."""
+    """A job as stored: its identity, state, options, timings and history.
+
+    :func:`get_job` reads all of it. :func:`list_jobs` leaves out the three columns
+    that can be large (``detailed`` is False): ``args`` is ``{}``, ``errors`` ``[]``
+    and ``result`` None there. Both read ``error_count`` and ``last_error`` (from a
+    list, without its traceback).
+    """
 
     id: int
     queue: str
@@ -67,15 +73,17 @@ class JobSummary:
     worker_id: str | None
     cancel_requested: bool
     expires_at: datetime | None
-
-    @property
-    def last_error(self) -> dict[str, Any] | None:
-        return self.errors[-1] if self.errors else None
+    last_error: dict[str, Any] | None = None
+    error_count: int = 0
+    detailed: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready form (datetimes as ISO 8601 strings)."""
+        """A JSON-ready form (datetimes as ISO 8601 strings); a listed job's without
+        ``args``, ``errors`` and ``result``, which were not read."""
         out: dict[str, Any] = {}
         for key, value in self.__dict__.items():
+            if key == "detailed" or (not self.detailed and key in _DETAIL_FIELDS):
+                continue
             if isinstance(value, datetime):
                 out[key] = value.isoformat()
             elif isinstance(value, JobState):
@@ -83,6 +91,10 @@ class JobSummary:
             else:
                 out[key] = value
         return out
+
+
+# What list_jobs does not read (the job_listing_columns fragment).
+_DETAIL_FIELDS = frozenset({"args", "errors", "result"})
 
 
 @dataclass(frozen=True)
@@ -168,16 +180,23 @@ class WorkerSummary:
 
 def _job(row: Mapping[str, Any]) -> JobSummary:
     """A JobSummary from a row of the job_summary_columns fragment (sql/queries/jobs.sql),
-    read by name (``dict_row``)."""
+    or of job_listing_columns (``detailed=False``), read by name (``dict_row``)."""
+    detailed = "args" in row
+    errors = list(row["errors"] or []) if detailed else []
     return JobSummary(
         id=int(row["id"]), queue=row["queue"], task=row["task"], state=JobState(row["state"]),
         priority=row["priority"], attempt=row["attempt"], max_attempts=row["max_attempts"],
         run_count=row["run_count"], run_at=row["run_at"], created_at=row["created_at"],
         started_at=row["started_at"], finished_at=row["finished_at"],
         limit_key=row["limit_key"], unique_key=row["unique_key"], meta=row["meta"] or {},
-        args=row["args"] or {}, errors=list(row["errors"] or []), result=row["result"],
+        args=(row["args"] or {}) if detailed else {}, errors=errors,
+        result=row["result"] if detailed else None,
         worker_id=row["worker_id"], cancel_requested=bool(row["cancel_requested"]),
         expires_at=row["expires_at"],
+        last_error=(errors[-1] if errors and isinstance(errors[-1], dict) else None)
+        if detailed else row["last_error"],
+        error_count=len(errors) if detailed else int(row["error_count"]),
+        detailed=detailed,
     )
 
 
@@ -319,7 +338,10 @@ async def list_jobs(
     limit: int = DEFAULT_LIMIT,
 ) -> list[JobSummary]:
     """Jobs matching every given filter, newest first. ``meta`` matches jobs whose meta
-    contains it (``{"tenant": "acme"}``), on the GIN index."""
+    contains it (``{"tenant": "acme"}``), on the GIN index. The jobs come without their
+    arguments, result and errors (``detailed=False``; :func:`get_job` reads them), so
+    that a list costs the same whatever the jobs carry. A bad filter raises
+    FilterError naming it, before any statement."""
     return await dialog.read(source, _list_jobs(queue, state, task, meta, limit))
 
 

@@ -2,7 +2,7 @@
 -- spliced in (-- include:) by every query that returns one. Each query names its
 -- jobs row `j`. Code reads these rows by column name (psycopg row factories), never
 -- by position: akadze.jobs.job_rows / job_state_rows into a ClaimedJob (whose
--- fields are these columns), akadze.overview into a JobSummary.
+-- fields are these columns), akadze.overview into a JobSummary (whole, or listed).
 
 -- fragment: job_columns
 -- A ClaimedJob: what the claim, rescue, cancel and requeue return. run_count is
@@ -17,3 +17,20 @@ j.started_at
 j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.run_count,
 j.run_at, j.created_at, j.started_at, j.finished_at, j.limit_key, j.unique_key, j.meta,
 j.args, j.errors, j.result, j.worker_id, j.cancel_requested, j.expires_at
+
+-- fragment: job_listing_columns
+-- A JobSummary as list_jobs reads it: the job without the three columns that can be
+-- large, args, result and errors (megabytes each, up to the ceilings of migration
+-- 0008; errors holds up to 20 entries with tracebacks), which a list of up to 10 000
+-- jobs would otherwise fetch whole: one row of 100 MB of arguments took
+-- `akadze jobs list` to 540 MB. A column not named is not fetched from TOAST. Of the
+-- errors, their count and the last entry without its traceback; the CASEs keep a
+-- row whose errors someone wrote as something else than an array of objects from
+-- failing the whole list.
+j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.run_count,
+j.run_at, j.created_at, j.started_at, j.finished_at, j.limit_key, j.unique_key, j.meta,
+j.worker_id, j.cancel_requested, j.expires_at,
+CASE WHEN jsonb_typeof(j.errors -> -1) = 'object'
+     THEN (j.errors -> -1) - 'traceback' END AS last_error,
+CASE WHEN jsonb_typeof(j.errors) = 'array'
+     THEN jsonb_array_length(j.errors) ELSE 0 END AS error_count

@@ -68,9 +68,10 @@ WHERE id = %(id)s;
 -- name: jobs_list
 -- Newest first. Unset filters are NULL; psycopg sends the values with each
 -- execution, so the planner folds the NULL tests away and uses the indexes that
--- the remaining predicates allow.
+-- the remaining predicates allow. The listing columns leave out args, result and
+-- errors (see the fragment): get_job reads them, for one job.
 SELECT
--- include: job_summary_columns
+-- include: job_listing_columns
 FROM akadze.jobs AS j
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(states)s::akadze.job_state[] IS NULL OR state = ANY(%(states)s::akadze.job_state[]))
@@ -83,7 +84,7 @@ LIMIT %(limit)s;
 -- predicate is repeated here for the planner to use it: a non-empty containment
 -- filter can only match a non-empty meta anyway.
 SELECT
--- include: job_summary_columns
+-- include: job_listing_columns
 FROM akadze.jobs AS j
 WHERE meta <> '{}'::jsonb
   AND meta @> %(meta)s::jsonb
