@@ -20,7 +20,6 @@ from collections.abc import Sequence
 import click
 import psycopg
 
-from ..database import mask_password
 from ..errors import (
     AkadzeError,
     ConfigurationError,
@@ -32,6 +31,7 @@ from ..errors import (
     ScheduleError,
 )
 from . import bench, db, demo, jobs, limits, metrics, migrate, queues, schedules, worker, workers
+from ._render import shown
 from .dashboard import command as dashboard_command
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -71,7 +71,8 @@ cli.add_command(dashboard_command)
 
 
 def _one_line(message: str) -> str:
-    return " ".join(mask_password(message).split())
+    """An error on one line, masked, with no control character (akadze.cli._render)."""
+    return shown(" ".join(message.split()))
 
 
 def exit_code(error: AkadzeError) -> int:

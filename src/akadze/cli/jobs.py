@@ -12,6 +12,7 @@ from ..cancellation import request_cancel_sync
 from ..control import requeue_sync, retry_now_sync
 from ..jobs import JobState
 from ..overview import MAX_LIMIT, JobSummary, get_job_sync, list_jobs_sync
+from ._render import echo
 from .options import database_url_option, json_option, print_json, print_table, resolve
 
 STATES = [s.value for s in JobState]
@@ -110,9 +111,9 @@ def list_command(queue: str | None, states: tuple[str, ...], task: str | None,
 
 def _show(job: JobSummary) -> None:
     def line(label: str, value: Any) -> None:
-        click.echo(f"  {label:<12}{value}")
+        echo(f"  {label:<12}{value}")  # every line through echo: stored text made safe
 
-    click.echo(f"job {job.id}: {job.task} on queue {job.queue}")
+    echo(f"job {job.id}: {job.task} on queue {job.queue}")
     line("state", f"{job.state.value}" + (" (cancel requested)" if job.cancel_requested
                                            and job.state == JobState.RUNNING else ""))
     line("attempt", f"{job.attempt} of {job.max_attempts} (runs so far: {job.run_count})")
@@ -127,7 +128,7 @@ def _show(job: JobSummary) -> None:
         line("worker", job.worker_id)
     if job.expires_at:
         line("expires", when(job.expires_at))
-    click.echo("timings")
+    echo("timings")
     line("created", when(job.created_at))
     line("run at", when(job.run_at))
     line("started", when(job.started_at))
@@ -136,15 +137,15 @@ def _show(job: JobSummary) -> None:
         line("ran for", took((job.finished_at - job.started_at).total_seconds()))
     if job.started_at and job.started_at >= job.run_at:
         line("waited", took((job.started_at - job.run_at).total_seconds()))
-    click.echo("arguments")
+    echo("arguments")
     if not job.args:
-        click.echo("  (none)")
+        echo("  (none)")
     for name, value in job.args.items():
         line(name, json.dumps(value))
     if job.result is not None:
-        click.echo("result")
-        click.echo("  " + json.dumps(job.result))
-    click.echo(f"history ({len(job.errors)} error{'s' if len(job.errors) != 1 else ''} "
+        echo("result")
+        echo("  " + json.dumps(job.result))
+    echo(f"history ({len(job.errors)} error{'s' if len(job.errors) != 1 else ''} "
                "recorded)")
     events: list[tuple[str, str]] = [(when(job.created_at), "enqueued")]
     for entry in job.errors:
@@ -161,7 +162,7 @@ def _show(job: JobSummary) -> None:
     if job.finished_at:
         events.append((when(job.finished_at), job.state.value))
     for stamp, text in events:
-        click.echo(f"  {stamp:<25}{text}")
+        echo(f"  {stamp:<25}{text}")
 
 
 @command.command("show")

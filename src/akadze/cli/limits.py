@@ -10,6 +10,7 @@ import click
 
 from ..database import connect
 from ..limits import KEEP, LimitSummary, clear_limit_sync, list_limits_sync, set_limit_sync
+from ._render import echo
 from .options import database_url_option, json_option, print_json, print_table, resolve
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -149,7 +150,7 @@ def set_command(
     if as_json:
         print_json(_row(summary))
         return
-    click.echo(
+    echo(
         f"limit {summary.key}: max running {_shown(summary.max_running)}, "
         f"max starts {_shown(summary.max_starts)} per {format_duration(summary.window)}"
     )

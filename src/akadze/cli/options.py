@@ -1,16 +1,17 @@
-"""Options and output shared by every CLI command."""
+"""Options shared by every CLI command, and the two printers of what commands read
+(``print_table``, ``print_json``: akadze.cli._render's, here for the harness too)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from .. import database
+from ._render import print_json, print_table
+
+__all__ = ["database_url_option", "json_option", "print_json", "print_table", "resolve"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,16 +34,3 @@ def json_option(fn: F) -> F:
 def resolve(url: str | None) -> str:
     """The URL to use; raises ConfigurationError (one line, exit 2) when there is none."""
     return database.resolve_url(url)
-
-
-def print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, default=str, sort_keys=False))
-
-
-def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    table = Table(title=title, show_lines=False, header_style="bold")
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
-    Console(soft_wrap=True).print(table)

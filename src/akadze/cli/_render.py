@@ -1,0 +1,67 @@
+"""Stored strings on a terminal: how every CLI command prints what it read.
+
+Queue names, limit keys, task names, meta, arguments, results and error texts come
+from whoever could write to the schema, so nothing of them may act on the terminal
+or on rich:
+
+- every character that is not printable (ESC and the escape sequences it starts,
+  OSC hyperlinks and window titles, BEL, backspace, carriage return and newline,
+  the C1 controls, the bidirectional and zero-width format characters) is written as
+  its Python escape (``\\x1b``, ``\\u202e``), so what is stored is what the operator
+  reads, and the terminal interprets none of it;
+- table cells are rich ``Text``, never markup: ``[/bogus]`` or
+  ``[link=https://evil.example]q1[/link]`` is shown as written (and cannot crash the
+  table);
+- passwords are masked (:func:`akadze.database.mask_password`), in JSON too.
+
+:func:`print_table`, :func:`print_json` and :func:`echo` are the only ways commands
+print what they read; :func:`shown` is the text they are built from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..database import mask_password
+
+
+def shown(value: object) -> str:
+    """``value`` as text safe for a terminal: masked, with every character that is not
+    printable written as its escape (one line, whatever it holds)."""
+    text = mask_password(value if isinstance(value, str) else str(value))
+    if text.isprintable():  # the common case, checked in C
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def _cell(value: object) -> Text:
+    return Text("" if value is None else shown(value))
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """A table for people; every cell (and the title) literal text, never markup."""
+    table = Table(title=None if title is None else _cell(title), show_lines=False,
+                  header_style="bold")
+    for column in columns:
+        table.add_column(_cell(column))
+    for row in rows:
+        table.add_row(*(_cell(cell) for cell in row))
+    Console(soft_wrap=True).print(table)
+
+
+def print_json(data: Any) -> None:
+    """JSON for scripts: ASCII-escaped (no control character is written raw), masked."""
+    click.echo(mask_password(json.dumps(data, indent=2, default=str, sort_keys=False)))
+
+
+def echo(line: str) -> None:
+    """One line of a plain view, made safe by :func:`shown` (the command's own labels and
+    layout hold nothing it changes)."""
+    click.echo(shown(line))
