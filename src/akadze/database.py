@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
-from collections.abc import Mapping
-from urllib.parse import urlencode, urlsplit
+from collections.abc import Iterable, Mapping
+from urllib.parse import unquote, urlencode, urlsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from .errors import ConfigurationError, DatabaseUnavailable
 
@@ -23,18 +26,149 @@ _SCHEMES = {
     "postgresql+psycopg_async": "postgresql",
 }
 
+# -- masking --------------------------------------------------------------------------
+#
+# The forms a password takes in text (errors, logs, output), each masked as "***"
+# with the text around it kept as it was (the separators too, so that masking twice
+# changes nothing):
+#
+# * a URL's userinfo, scheme://user:PASSWORD@host. The password runs to the first "@"
+#   that is followed by a host, a word with no other "@" in it: whatever it holds
+#   before (a raw space, "/" or "@" too, which libpq refuses or reports back
+#   verbatim) is masked. (A password in which an "@" starts a word followed by a
+#   space cannot be told from the text after it; a URL without a password followed,
+#   on the same line, by a word with an "@" loses a little more than its password.)
 _PASSWORD_IN_URL = re.compile(
-    r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(?P<pw>[^/\s]*)(?P<tail>@)"
+    r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(?P<pw>[^\n]*?)(?P<tail>@)"
+    r"(?=[^\s@]+(?:\s|$)|$)"
 )
+# * a dict or JSON key: 'password': '...', "password": "...", "db_password": 123, and
+#   the same escaped inside a JSON string (\"password\": \"...\").
+_QUOTED = r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\""
+_PASSWORD_KEY = re.compile(
+    r"(?P<head>(?P<q>['\"])\w*pass(?:word|wd)(?P=q)[ \t]*:[ \t]*)"
+    rf"(?P<pw>{_QUOTED}|[^\s,;}}\]]+)",
+    re.IGNORECASE,
+)
+# Inside the outer string, the inner one's escapes are escaped again: \\\\ is a
+# backslash, \\\" a quote, \\n (or \u00e9 from the outer encoding) a character.
+_ESCAPED_VALUE = r'\\"(?:\\\\\\\\|\\\\\\"|\\\\[^"\\]|\\[^"\\]|[^"\\\n])*\\"'
+_PASSWORD_KEY_ESCAPED = re.compile(
+    rf"(?P<head>\\\"\w*pass(?:word|wd)\\\"[ \t]*:[ \t]*)(?P<pw>{_ESCAPED_VALUE})",
+    re.IGNORECASE,
+)
+# * key=value: libpq's password='...' or password=..., a URL's ?password=... (which
+#   ends at "&" or "#"), PGPASSWORD=... and any *password= or *passwd=. Punctuation
+#   that ends an unquoted value before a space or the end of the text (the ":" of
+#   "password=x: connection failed") is taken as the text's own, not the password's.
 _PASSWORD_KV = re.compile(
-    r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE
+    r"(?P<head>(?P<sep>[?&])?\b\w*pass(?:word|wd)[ \t]*=[ \t]*)"
+    rf"(?P<pw>{_QUOTED}|(?(sep)[^\s&#]+|\S+))",
+    re.IGNORECASE,
 )
+_GIVEN_BACK = ".,;:)]}>'\""
+# * the literal passwords of the URLs akadze was given (and $PGPASSWORD), wherever they
+#   appear: in a task's exception, a driver's message. Only as a whole word (not inside
+#   a longer run of letters and digits, so that "postgres" leaves "postgresql://"
+#   alone), and only when it cannot be an ordinary word or number: from 8 characters,
+#   or from 4 when it mixes letters with other characters ("s3 cret", which libpq
+#   quotes back in its error about the space). The forms above mask the others.
+_known_passwords: set[str] = set()
+_literal_pattern: tuple[frozenset[str], re.Pattern[str] | None] = (frozenset(), None)
 
 
-def mask_password(text: str) -> str:
-    """Replace every password in URLs or ``password=`` pairs within ``text`` by ``***``."""
+def _distinctive(password: str | None) -> bool:
+    """Whether ``password`` may be masked wherever it appears, as a word."""
+    if not password or "***" in password:
+        return False
+    if len(password) >= 8:
+        return True
+    letters = sum(ch.isalpha() for ch in password)
+    return len(password) >= 4 and 0 < letters < len(password)
+
+
+def remember_password(password: str | None) -> None:
+    """Mask ``password`` wherever it appears in what :func:`mask_password` is given from
+    now on (the URL functions here remember the password of every URL they see). A
+    password that could be an ordinary word or number (shorter than 8 characters, and
+    letters only or none) is masked in the forms of a password only."""
+    if password is not None and _distinctive(password):
+        _known_passwords.add(password)
+
+
+def _remember_url(url: str) -> None:
+    found: set[str] = set()
+    with contextlib.suppress(ValueError):  # as given, and percent-decoded
+        parts = urlsplit(url) if "://" in url else None
+        if parts is not None and parts.password:
+            found.update({parts.password, unquote(parts.password)})
+    with contextlib.suppress(psycopg.Error, ValueError, TypeError):  # as libpq reads it
+        found.add(str(conninfo_to_dict(url).get("password") or ""))
+    for password in found:
+        remember_password(password)
+
+
+def _literals(extra: Iterable[str]) -> re.Pattern[str] | None:
+    global _literal_pattern
+    known = set(_known_passwords)
+    for password in (os.environ.get("PGPASSWORD"), *extra):
+        if password is not None and _distinctive(password):
+            known.add(password)
+    frozen = frozenset(known)
+    if frozen != _literal_pattern[0]:
+        alternatives = "|".join(re.escape(p) for p in sorted(frozen, key=len, reverse=True))
+        pattern = (re.compile(rf"(?<![A-Za-z0-9])(?:{alternatives})(?![A-Za-z0-9])")
+                   if frozen else None)
+        _literal_pattern = (frozen, pattern)
+    return _literal_pattern[1]
+
+
+def _masked_value(value: str, rest_starts: str) -> str:
+    """"***" in the quotes of ``value``, or for the unquoted value minus the punctuation
+    that ends the text's own sentence (``rest_starts``: the character after it)."""
+    if value[:1] in ("'", '"') and len(value) >= 2 and value[-1] == value[0]:
+        return f"{value[0]}***{value[0]}"
+    if rest_starts in ("", " ", "\t", "\n", "\r"):
+        kept = value.rstrip(_GIVEN_BACK)
+        if kept and kept != value:
+            return "***" + value[len(kept):]
+    return "***"
+
+
+def _mask_pairs(pattern: re.Pattern[str], text: str) -> str:
+    return pattern.sub(
+        lambda m: m.group("head") + _masked_value(m.group("pw"), text[m.end():m.end() + 1]),
+        text,
+    )
+
+
+def _mask_escaped_pairs(text: str) -> str:
+    return _PASSWORD_KEY_ESCAPED.sub(lambda m: m.group("head") + '\\"***\\"', text)
+
+
+def mask_password(text: str, *, passwords: Iterable[str] = ()) -> str:
+    """``text`` with every password in it replaced by ``***``: in URLs, ``password=``
+    pairs (libpq, URL queries, ``PGPASSWORD=``), dict and JSON keys, and the literal
+    passwords of the URLs akadze was given (:func:`remember_password`), of
+    ``$PGPASSWORD`` and of ``passwords``. The text around each is kept as it was."""
     text = _PASSWORD_IN_URL.sub(lambda m: f"{m.group('head')}***{m.group('tail')}", text)
-    return _PASSWORD_KV.sub(lambda m: f"{m.group('head')}***", text)
+    text = _mask_escaped_pairs(text)
+    text = _mask_pairs(_PASSWORD_KEY, text)
+    text = _mask_pairs(_PASSWORD_KV, text)
+    literals = _literals(passwords)
+    return literals.sub("***", text) if literals is not None else text
+
+
+class MaskingFormatter(logging.Formatter):
+    """A ``logging.Formatter`` whose lines are masked (:func:`mask_password`): message,
+    arguments and traceback. The command line logs through it; give it to your own
+    handlers to do the same::
+
+        handler.setFormatter(MaskingFormatter("%(levelname)s %(name)s: %(message)s"))
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_password(super().format(record))
 
 
 def normalize_url(url: str) -> str:
@@ -45,6 +179,7 @@ def normalize_url(url: str) -> str:
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError("database URL is empty")
     url = url.strip()
+    _remember_url(url)  # its password is masked wherever it shows up from now on
     if "://" not in url and "=" in url:
         return url  # a libpq key=value conninfo string: libpq checks it when connecting
     try:

@@ -15,12 +15,15 @@ or on rich:
 - passwords are masked (:func:`akadze.database.mask_password`), in JSON too.
 
 :func:`print_table`, :func:`print_json` and :func:`echo` are the only ways commands
-print what they read; :func:`shown` is the text they are built from.
+print what they read; :func:`shown` is the text they are built from. Log lines go
+through :func:`log_to_stderr`'s masking formatter.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -29,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..database import mask_password
+from ..database import MaskingFormatter, mask_password
 
 
 def shown(value: object) -> str:
@@ -65,3 +68,12 @@ def echo(line: str) -> None:
     """One line of a plain view, made safe by :func:`shown` (the command's own labels and
     layout hold nothing it changes)."""
     click.echo(shown(line))
+
+
+def log_to_stderr(level: str | int, fmt: str) -> None:
+    """Log lines of long-running commands (worker, dashboard, metrics) to stderr, masked
+    (:class:`akadze.database.MaskingFormatter`): a task's exception or a driver's
+    message logged with its traceback shows no password."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(MaskingFormatter(fmt))
+    logging.basicConfig(level=level, handlers=[handler])

@@ -10,6 +10,7 @@ import click
 
 from ..database import describe
 from ..errors import ConfigurationError
+from ._render import log_to_stderr
 from .options import database_url_option, resolve
 from .worker import LOG_FORMAT, load_app
 
@@ -78,7 +79,7 @@ def command(app_reference: str | None, host: str, port: int, allow_actions: bool
     app = load_app(app_reference) if app_reference else None
     url = resolve(database_url) if database_url or app is None else app.database_url
     credentials = dashboard.credentials_from_env()
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    log_to_stderr(logging.INFO, LOG_FORMAT)
     local = dashboard.is_loopback(host)
     warning = exposure_warning(host, credentials, allow_actions)
     if warning:

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigurationError
+from ._render import log_to_stderr
 from .options import database_url_option, resolve
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -80,7 +81,7 @@ def command(
         poll_interval=poll_interval, lease=lease, shutdown_timeout=shutdown_timeout,
         worker_id=worker_id, database_url=url,
     )
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    log_to_stderr(log_level.upper(), LOG_FORMAT)
     asyncio.run(worker.run(install_signal_handlers=True))
     stuck = [t for t in threading.enumerate() if t.name.startswith("akadze-task") and t.is_alive()]
     if stuck:

@@ -13,6 +13,7 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 import jinja2
+import markupsafe
 import psycopg
 import psycopg_pool
 from starlette.requests import Request
@@ -72,6 +73,7 @@ class Dashboard:
             loader=jinja2.PackageLoader("akadze.dashboard", "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
+            finalize=_masked,  # every value a page shows, stored strings above all
         )
         self.templates.filters.update(
             grouped=_model.grouped, age=_model.age, percent=_model.percent,
@@ -155,8 +157,23 @@ def _short(value: Any, size: int = 80) -> str:
     return text if len(text) <= size else text[: size - 1] + "…"
 
 
+def _masked(value: Any) -> Any:
+    """A value a template prints, its passwords masked (akadze.database.mask_password);
+    markup (the ``tojson`` filter's) stays markup."""
+    if isinstance(value, markupsafe.Markup):
+        return markupsafe.Markup(mask_password(str(value)))
+    return mask_password(value) if isinstance(value, str) else value
+
+
+class _MaskedJSON(JSONResponse):
+    """JSON whose text is masked as the pages are (stored arguments, results, errors)."""
+
+    def render(self, content: Any) -> bytes:
+        return mask_password(super().render(content).decode("utf-8")).encode("utf-8")
+
+
 def json_response(data: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(data, status_code=status, headers=SECURITY_HEADERS)
+    return _MaskedJSON(data, status_code=status, headers=SECURITY_HEADERS)
 
 
 def wants_json(request: Request) -> bool:
