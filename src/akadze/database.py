@@ -7,6 +7,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
 
 import psycopg
@@ -239,10 +240,14 @@ def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[tuple[ob
 
 
 async def connect_async(
-    url: str, *, autocommit: bool = True
+    url: str, *, autocommit: bool = True, connect_timeout: int | None = None
 ) -> psycopg.AsyncConnection[tuple[object, ...]]:
+    """An async connection; ``connect_timeout`` (seconds) bounds the wait for the server
+    (libpq's own default is to wait as long as the network does)."""
+    extra: dict[str, Any] = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
     try:
-        return await psycopg.AsyncConnection.connect(normalize_url(url), autocommit=autocommit)
+        return await psycopg.AsyncConnection.connect(normalize_url(url), autocommit=autocommit,
+                                                     **extra)
     except (psycopg.OperationalError, psycopg.ProgrammingError, ValueError) as exc:
         raise _cannot_connect(url, exc) from None
 

@@ -21,25 +21,39 @@ metric                                      type     labels
 Throughput is a gauge over a sliding window (``window``, 60 s by default) rather than a
 counter: finished jobs are pruned by retention, so a count derived from the table
 would go down. ``rate()`` is not needed: divide by the window.
+
+:class:`CachedExposition` is what a server of the text uses (``akadze metrics
+--serve``): one connection kept open, the text read at most once a second however
+many scrapes ask.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import dialog, queries
+import psycopg
+
+from . import database, dialog, queries
+from .clock import SYSTEM_CLOCK, Clock
 from .dialog import Dialog
+from .errors import AkadzeError, DatabaseUnavailable
 from .jobs import JobState
 from .overview import QueueSnapshot, WorkerSummary, read_snapshots, read_workers
 from .sessions import Session, SyncSession
 
-__all__ = ["CONTENT_TYPE", "DEFAULT_WINDOW", "exposition", "render", "render_sync"]
+__all__ = ["CONTENT_TYPE", "DEFAULT_WINDOW", "CachedExposition", "exposition", "render",
+           "render_sync"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_WINDOW = 60
+#: How long a read exposition is served again (seconds): scrapes more often than this,
+#: from any number of Prometheus servers, cost the database nothing more.
+DEFAULT_MAX_AGE = 1.0
+CONNECT_TIMEOUT = 5  # seconds to reach the server before a scrape is answered 503
 
 
 @dataclass(frozen=True)
@@ -155,3 +169,67 @@ def render_sync(source: SyncSession, *, now: datetime | None = None,
                 window: int = DEFAULT_WINDOW) -> str:
     """The sync twin of :func:`render`."""
     return dialog.read_sync(source, _render(now, window))
+
+
+class CachedExposition:
+    """The exposition text of the database at ``url``, read over one connection kept
+    open (opened again after a failure) at most once per ``max_age`` seconds: the
+    scrapes in between get the same text, and concurrent scrapes wait for one read.
+
+    A failure is kept as long as a text, so a database that is down is tried once
+    per ``max_age``, not once per scrape. :meth:`text` raises it as an AkadzeError
+    whose message is masked and one line (DatabaseUnavailable when the server could
+    not be reached or the connection broke).
+    """
+
+    def __init__(self, url: str, *, window: int = DEFAULT_WINDOW,
+                 max_age: float = DEFAULT_MAX_AGE, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.url = url
+        self.window = window
+        self.max_age = max_age
+        self.clock = clock
+        self.reads = 0  # how many times the database was read (or tried)
+        self._lock = asyncio.Lock()
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._at: float | None = None
+        self._text = ""
+        self._failure: AkadzeError | None = None
+
+    async def text(self) -> str:
+        """The text, read now when the last one is older than ``max_age``."""
+        async with self._lock:
+            if self._at is None or self.clock.monotonic() - self._at >= self.max_age:
+                await self._read()
+            if self._failure is not None:
+                raise type(self._failure)(str(self._failure))
+            return self._text
+
+    async def _read(self) -> None:
+        self.reads += 1
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = await database.connect_async(self.url,
+                                                          connect_timeout=CONNECT_TIMEOUT)
+                await self._conn.execute(queries.get("metrics_session"))
+            self._text = await render(self._conn, window=self.window)
+            self._failure = None
+        except (AkadzeError, psycopg.Error) as exc:
+            await self.close()
+            self._failure = _failure(exc)
+        self._at = self.clock.monotonic()
+
+    async def close(self) -> None:
+        """Close the connection (the next read opens another)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+
+def _failure(exc: Exception) -> AkadzeError:
+    if isinstance(exc, AkadzeError):
+        return exc
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    message = database.mask_password(f"reading the metrics failed: {first}")
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailable(message)
+    return AkadzeError(message)

@@ -193,3 +193,8 @@ WHERE l.max_running IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM akadze.jobs AS j
                   WHERE j.state = 'running' AND j.limit_key = l.key)
 ORDER BY 1;
+
+-- name: metrics_session
+-- The connection `akadze metrics --serve` keeps open between scrapes: a scrape never
+-- keeps a statement running longer than this (the server answers 503 instead).
+SET statement_timeout = '5s'
