@@ -112,3 +112,23 @@ def test_cli_refusals_as_a_subprocess(database_url: str) -> None:
                                 capture_output=True, text=True, check=False, timeout=60)
         _one_clean_line(result.returncode, result.stderr, 2)
         assert needle in result.stderr
+
+
+async def test_the_dashboard_refuses_a_body_nested_too_deeply(
+        app: Akadze, conn: psycopg.Connection[Any]) -> None:
+    import httpx
+
+    from akadze.dashboard import create_app
+
+    asgi = create_app(app.database_url, allow_actions=True)
+    transport = httpx.ASGITransport(app=asgi, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        token = (await client.get("/api/session")).json()["csrf_token"]
+        answer = await client.post(
+            "/api/queues/pause", content=b'{"queue": ' + b"[" * 30000 + b"]" * 30000 + b"}",
+            headers={"X-CSRF-Token": token, "Content-Type": "application/json"})
+    await asgi.state.dashboard.close()
+    assert answer.status_code == 400
+    assert answer.json() == {"ok": False,
+                             "error": "the body is not JSON (or is nested too deeply)"}
+    assert conn.execute("SELECT count(*) FROM akadze.queue_pauses").fetchone() == (0,)

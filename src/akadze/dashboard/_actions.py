@@ -41,8 +41,8 @@ async def _form(request: Request) -> dict[str, str]:
     if request.headers.get("content-type", "").startswith("application/json"):
         try:
             found = json.loads(text or "{}")
-        except ValueError:
-            raise Refusal(400, "the body is not JSON") from None
+        except (ValueError, RecursionError):  # json.loads recurses once per level
+            raise Refusal(400, "the body is not JSON (or is nested too deeply)") from None
         if not isinstance(found, dict):
             raise Refusal(400, "the body must be a JSON object")
         return {str(k): "" if v is None else str(v) for k, v in found.items()}
