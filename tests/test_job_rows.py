@@ -47,14 +47,18 @@ def test_every_query_that_returns_a_job_returns_the_fields_of_claimed_job(conn: 
 
 
 def test_the_job_summary_queries_return_the_fields_of_job_summary(conn: Conn) -> None:
-    fields = [f.name for f in dataclasses.fields(JobSummary)]
-    for name, params in {
-        "job_get": {"id": 0},
-        "jobs_list": {"queue": None, "states": None, "task": None, "limit": 1},
-        "jobs_list_meta": {"queue": None, "states": None, "task": None, "limit": 1,
-                           "meta": "{}"},
-    }.items():
-        assert columns(conn, name, params) == fields, name
+    fields = [f.name for f in dataclasses.fields(JobSummary) if f.name != "detailed"]
+    # get_job reads the job whole (error_count and last_error come from its errors);
+    # the lists read the count and the last error instead of args, errors and result.
+    whole = [f for f in fields if f not in ("last_error", "error_count")]
+    listed = [f for f in fields if f not in ("args", "errors", "result")]
+    for name, params, expected in (
+        ("job_get", {"id": 0}, whole),
+        ("jobs_list", {"queue": None, "states": None, "task": None, "limit": 1}, listed),
+        ("jobs_list_meta", {"queue": None, "states": None, "task": None, "limit": 1,
+                            "meta": "{}"}, listed),
+    ):  # read by name (dict_row): the set of columns matters, not their order
+        assert sorted(columns(conn, name, params)) == sorted(expected), name
 
 
 def test_the_column_list_is_written_only_in_the_fragment() -> None:

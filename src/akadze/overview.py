@@ -93,7 +93,7 @@ class JobSummary:
         return out
 
 
-# What list_jobs does not read (the job_listing_columns fragment).
+# What list_jobs does not read (get_job adds them: job_details_columns).
 _DETAIL_FIELDS = frozenset({"args", "errors", "result"})
 
 
@@ -180,7 +180,8 @@ class WorkerSummary:
 
 def _job(row: Mapping[str, Any]) -> JobSummary:
     """A JobSummary from a row of the job_summary_columns fragment (sql/queries/jobs.sql),
-    or of job_listing_columns (``detailed=False``), read by name (``dict_row``)."""
+    with job_details_columns (get_job) or job_errors_summary (``detailed=False``, the
+    lists), read by name (``dict_row``)."""
     detailed = "args" in row
     errors = list(row["errors"] or []) if detailed else []
     return JobSummary(

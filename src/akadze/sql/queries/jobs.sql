@@ -13,23 +13,23 @@ j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
 j.started_at
 
 -- fragment: job_summary_columns
--- A JobSummary: the job as stored, for get_job and list_jobs.
+-- A JobSummary, read by name: the job as stored but the three columns that can be
+-- large (args, result and errors: megabytes each, up to the ceilings of migration
+-- 0008; errors holds up to 20 entries with tracebacks). get_job adds them
+-- (job_details_columns); list_jobs, which reads up to 10 000 jobs, adds the summary of
+-- the errors instead (job_errors_summary): one row of 100 MB of arguments took
+-- `akadze jobs list` to 540 MB. A column not named is not fetched from TOAST.
 j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.run_count,
 j.run_at, j.created_at, j.started_at, j.finished_at, j.limit_key, j.unique_key, j.meta,
-j.args, j.errors, j.result, j.worker_id, j.cancel_requested, j.expires_at
+j.worker_id, j.cancel_requested, j.expires_at
 
--- fragment: job_listing_columns
--- A JobSummary as list_jobs reads it: the job without the three columns that can be
--- large, args, result and errors (megabytes each, up to the ceilings of migration
--- 0008; errors holds up to 20 entries with tracebacks), which a list of up to 10 000
--- jobs would otherwise fetch whole: one row of 100 MB of arguments took
--- `akadze jobs list` to 540 MB. A column not named is not fetched from TOAST. Of the
--- errors, their count and the last entry without its traceback; the CASEs keep a
--- row whose errors someone wrote as something else than an array of objects from
--- failing the whole list.
-j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.run_count,
-j.run_at, j.created_at, j.started_at, j.finished_at, j.limit_key, j.unique_key, j.meta,
-j.worker_id, j.cancel_requested, j.expires_at,
+-- fragment: job_details_columns
+j.args, j.errors, j.result
+
+-- fragment: job_errors_summary
+-- The count of a job's errors and the last one without its traceback. The CASEs keep
+-- a row whose errors someone wrote as anything but an array of objects from failing
+-- the whole list.
 CASE WHEN jsonb_typeof(j.errors -> -1) = 'object'
      THEN (j.errors -> -1) - 'traceback' END AS last_error,
 CASE WHEN jsonb_typeof(j.errors) = 'array'

@@ -62,6 +62,8 @@ SELECT id, pg_notify('akadze_jobs', queue) FROM moved;
 -- name: job_get
 SELECT
 -- include: job_summary_columns
+,
+-- include: job_details_columns
 FROM akadze.jobs AS j
 WHERE id = %(id)s;
 
@@ -71,7 +73,9 @@ WHERE id = %(id)s;
 -- the remaining predicates allow. The listing columns leave out args, result and
 -- errors (see the fragment): get_job reads them, for one job.
 SELECT
--- include: job_listing_columns
+-- include: job_summary_columns
+,
+-- include: job_errors_summary
 FROM akadze.jobs AS j
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(states)s::akadze.job_state[] IS NULL OR state = ANY(%(states)s::akadze.job_state[]))
@@ -84,7 +88,9 @@ LIMIT %(limit)s;
 -- predicate is repeated here for the planner to use it: a non-empty containment
 -- filter can only match a non-empty meta anyway.
 SELECT
--- include: job_listing_columns
+-- include: job_summary_columns
+,
+-- include: job_errors_summary
 FROM akadze.jobs AS j
 WHERE meta <> '{}'::jsonb
   AND meta @> %(meta)s::jsonb
