@@ -163,12 +163,12 @@ def test_log_lines_are_masked_with_their_tracebacks(secret_app: tuple[Akadze, st
     assert "ValueError: password=*** rejected" in line
 
 
-async def test_the_dashboard_masks_stored_strings(
+async def test_the_dashboard_masks_and_escapes_stored_strings(
         secret_app: tuple[Akadze, str], conn: psycopg.Connection[Any]) -> None:
     app, secret = secret_app
     row = conn.execute(
         "INSERT INTO akadze.jobs (queue, task, args, state, errors) VALUES "
-        "('q', 't', %s, 'failed', %s) RETURNING id",
+        "('<script>alert(1)</script>', 't', %s, 'failed', %s) RETURNING id",
         (json.dumps({"note": f"uses {secret}", "password": "in-args-99"}),
          json.dumps([{"attempt": 1, "at": "2026-01-01T00:00:00+00:00", "error": "E",
                       "message": f"old row, stored unmasked: {secret}",
@@ -183,3 +183,6 @@ async def test_the_dashboard_masks_stored_strings(
     for body in bodies:
         assert secret not in body and "in-args-99" not in body and "in-traceback-99" not in body
     assert "old row, stored unmasked: ***" in bodies[0]
+    # and stored markup stays text on the pages (Jinja2 autoescapes; finding 7)
+    assert "<script>alert" not in bodies[0] + bodies[2]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in bodies[0]
