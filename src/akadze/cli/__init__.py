@@ -21,6 +21,7 @@ import click
 import psycopg
 
 from ..database import mask_password
+from ..dialog import schema_missing
 from ..errors import (
     AkadzeError,
     ConfigurationError,
@@ -52,12 +53,6 @@ EXIT_CODES: dict[type[AkadzeError], int] = {
     ScheduleError: EXIT_USAGE,
 }
 
-# A statement failed because the akadze schema (or a part of it) is missing.
-_NO_SCHEMA = (
-    psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
-    psycopg.errors.UndefinedObject, psycopg.errors.UndefinedFunction,
-)
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="akadze", prog_name="akadze")
@@ -85,8 +80,9 @@ def exit_code(error: AkadzeError) -> int:
 
 def _database_error(error: psycopg.Error) -> str:
     """One line for a database problem no command turned into an akadze error."""
-    if isinstance(error, _NO_SCHEMA):
-        return "the database has no akadze schema (or an older one): run akadze migrate"
+    missing = schema_missing(error)
+    if missing is not None:
+        return str(missing)
     first = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return f"database error: {first}"
 
