@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -38,11 +38,17 @@ def when(value: datetime | None) -> str:
 
 
 def took(seconds: float) -> str:
+    """A duration in one style at every size: 350ms, 6.8s, 5m03s, 2h05m, 3d04h."""
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
-    if seconds < 120:
+    if round(seconds, 1) < 60:
         return f"{seconds:.1f}s"
-    return str(timedelta(seconds=round(seconds)))
+    whole = round(seconds)
+    for unit, size, rest_unit, rest_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60),
+                                             ("m", 60, "s", 1)):
+        if whole >= size:
+            return f"{whole // size}{unit}{whole % size // rest_size:02d}{rest_unit}"
+    return f"{whole}s"  # pragma: no cover - seconds >= 60 has a unit above
 
 
 def parse_meta(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> Any:
@@ -114,6 +120,7 @@ def list_command(queue: str | None, states: tuple[str, ...], task: str | None,
              _error_line(job))
             for job in jobs
         ],
+        flexible=("last error",),
     )
 
 

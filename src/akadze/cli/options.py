@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+import shutil
+import sys
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from .. import database
+from . import tables
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,10 +40,11 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str, sort_keys=False))
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    table = Table(title=title, show_lines=False, header_style="bold")
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
-    Console(soft_wrap=True).print(table)
+def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *,
+                flexible: Collection[str] = ()) -> None:
+    """A table for people (akadze.cli.tables): on a terminal only the ``flexible``
+    columns may be shortened to fit; in a pipe nothing is."""
+    terminal = sys.stdout.isatty()
+    width = shutil.get_terminal_size().columns if terminal else None
+    lines = tables.render(title, columns, rows, width=width, flexible=flexible, bold=terminal)
+    click.echo("\n".join(lines))

@@ -6,7 +6,7 @@ import click
 
 from ..control import pause_queue_sync, resume_queue_sync
 from ..jobs import JobState
-from ..overview import list_workers_sync, queue_snapshot_sync
+from ..overview import QueueSnapshot, list_workers_sync, queue_snapshot_sync
 from .jobs import took, when
 from .options import database_url_option, json_option, print_json, print_table, resolve
 
@@ -40,6 +40,7 @@ def list_command(as_json: bool, database_url: str | None) -> None:
             for s in snapshots
         ],
     )
+    _warn_waiting(snapshots, database_url)
 
 
 @command.command("pause")
@@ -75,3 +76,19 @@ def _known(url: str, queue: str) -> bool:
     if snapshot.total or snapshot.paused:
         return True
     return any(queue in worker.queues for worker in list_workers_sync(url))
+
+
+def _warn_waiting(snapshots: list[QueueSnapshot], database_url: str | None) -> None:
+    """Lines under the table for ready jobs that nothing will run as things stand."""
+    for s in snapshots:
+        for task, count in s.unserved:
+            click.echo(f"warning: queue {s.queue}: {count} ready job{'s' * (count != 1)} of "
+                       f"task {task!r}, which no live worker of the queue runs")
+    idle = [s for s in snapshots if s.ready and not s.paused and not s.unserved]
+    if idle:
+        served = {q for w in list_workers_sync(resolve(database_url)) if w.alive
+                  for q in w.queues}
+        for s in idle:
+            if s.queue not in served:
+                click.echo(f"note: queue {s.queue}: {s.ready} ready job{'s' * (s.ready != 1)} "
+                           "and no live worker serves it")
