@@ -160,7 +160,8 @@ def _show(job: JobSummary) -> None:
     if job.result is not None:
         click.echo("result")
         click.echo("  " + json.dumps(job.result))
-    click.echo(f"history ({len(job.errors)} error{'s' if len(job.errors) != 1 else ''} "
+    # errors holds the run's history: errors, rescues and give-backs (not all errors)
+    click.echo(f"history ({len(job.errors)} event{'s' if len(job.errors) != 1 else ''} "
                "recorded)")
     events: list[tuple[str, str]] = [(when(job.created_at), "enqueued")]
     for entry in job.errors:

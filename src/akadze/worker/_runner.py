@@ -142,8 +142,11 @@ class Runner:
         """Give back every run whose outcome is not decided yet (shutdown, fencing);
         return their job ids."""
         unfinished = [run for run in self._state.running.values() if not run.recorded]
+        reason = (f"worker {self._settings.worker_id} "
+                  + ("could not renew its lease" if self._state.fenced else "was stopped"))
+        at = self._settings.wall_now()
         for run in unfinished:
-            self._abandon(run, outcomes.given_back(run.job), "give_back")
+            self._abandon(run, outcomes.given_back(run.job, at, reason), "give_back")
         return [run.job.id for run in unfinished]
 
     def interrupted_tasks(self) -> list[asyncio.Task[None]]:

@@ -85,6 +85,40 @@ FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(states)s::akadze.job
 WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
 RETURNING j.id;
 
+-- name: give_back_jobs
+-- Runs handed back unfinished (shutdown, self-fencing), fenced as in finish_jobs,
+-- each recorded in the job's errors (the entry made by outcomes.given_back, with
+-- "spent" added). A give-back keeps the job's place (run_at) and refunds the attempt
+-- the claim counted, %(cap)s times per attempt: given back once more at the same
+-- attempt (a job longer than the workers' shutdown timeout, at every restart), it
+-- spends the attempt, and on its last attempt it fails. The count comes from the
+-- entries of this attempt already recorded (read before the update: a row that
+-- changed meanwhile fails the fence anyway).
+WITH f AS (
+    SELECT f.id, f.run_count, f.error::jsonb AS entry,
+           (SELECT count(*) FROM jsonb_array_elements(j.errors) AS e
+            WHERE e ->> 'error' = 'GivenBack' AND e ->> 'attempt' = j.attempt::text
+           ) >= %(cap)s AS spent
+    FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(errors)s::text[])
+         AS f(id, run_count, error)
+    JOIN akadze.jobs AS j ON j.id = f.id
+)
+UPDATE akadze.jobs AS j
+SET state = CASE WHEN f.spent AND j.attempt >= j.max_attempts
+                 THEN 'failed'::akadze.job_state ELSE 'queued'::akadze.job_state END,
+    attempt = CASE WHEN f.spent THEN j.attempt ELSE j.attempt - 1 END,
+    finished_at = CASE WHEN f.spent AND j.attempt >= j.max_attempts
+                       THEN coalesce(%(now)s::timestamptz, now()) END,
+    errors = akadze.append_error(j.errors, f.entry || CASE WHEN f.spent THEN jsonb_build_object(
+        'spent', true,
+        'message', (f.entry ->> 'message') || format(
+            '; given back %%s times at this attempt: the attempt is spent', %(cap)s + 1))
+        ELSE jsonb_build_object('spent', false) END),
+    worker_id = NULL
+FROM f
+WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
+RETURNING j.id, j.state;
+
 -- name: finish_succeeded
 -- The common case of finish_jobs alone (runs that returned), without the CASEs
 -- and the errors append: about a third cheaper per row.
