@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 import click
 import psycopg
@@ -54,7 +55,22 @@ EXIT_CODES: dict[type[AkadzeError], int] = {
 }
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def documentation_url() -> str | None:
+    """The documentation link of the installed package's metadata (project.urls)."""
+    try:
+        entries = metadata.metadata("akadze").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a checkout
+        return None
+    for entry in entries:
+        label, _, url = str(entry).partition(",")
+        if label.strip().lower() == "documentation":
+            return str(url).strip()
+    return None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=f"Documentation: {documentation_url() or 'the docs/ folder of the source'}"
+                    " (akadze COMMAND -h for a command's options).")
 @click.version_option(package_name="akadze", prog_name="akadze")
 def cli() -> None:
     """akadze: a PostgreSQL job queue with exact limits and fair scheduling."""
