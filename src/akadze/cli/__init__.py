@@ -25,33 +25,50 @@ from ..database import mask_password
 from ..dialog import schema_missing
 from ..errors import (
     AkadzeError,
+    AsyncHookError,
     ConfigurationError,
     DatabaseUnavailable,
     DuplicateJob,
+    EmbeddedServerError,
     EnqueueError,
     FilterError,
+    InvalidJobState,
+    JobLost,
+    JobNotFound,
     LimitError,
+    MigrationError,
     ScheduleError,
+    UnknownTask,
+    WorkerError,
 )
 from . import bench, db, demo, jobs, limits, metrics, migrate, queues, schedules, worker, workers
 from .dashboard import command as dashboard_command
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
-#: The exit code of each error class. An error takes the code of the first of its
-#: classes (its own, then its bases, in method resolution order) listed here: bad
-#: input or settings are bad usage (2); everything else that stops a command, from
-#: an unreachable server to a failed migration or a crashed worker, is a failure (1).
-#: The table is documented in docs/reference/cli.md (and tested against it).
+#: The exit code of every error class akadze defines (akadze.errors). An error takes
+#: the code of the first of its classes (its own, then its bases, in method resolution
+#: order) listed here: bad input or settings are bad usage (2); everything else that
+#: stops a command, from an unreachable server to a failed migration or a crashed
+#: worker, is a failure (1). Every class is listed, so that a new one must be placed;
+#: the table is documented in docs/reference/cli.md (and tested against it).
 EXIT_CODES: dict[type[AkadzeError], int] = {
     AkadzeError: EXIT_FAILURE,
     ConfigurationError: EXIT_USAGE,
     DatabaseUnavailable: EXIT_FAILURE,
+    AsyncHookError: EXIT_USAGE,
+    MigrationError: EXIT_FAILURE,
     EnqueueError: EXIT_USAGE,
     DuplicateJob: EXIT_FAILURE,
-    FilterError: EXIT_USAGE,
+    UnknownTask: EXIT_USAGE,
     LimitError: EXIT_USAGE,
     ScheduleError: EXIT_USAGE,
+    FilterError: EXIT_USAGE,
+    JobNotFound: EXIT_FAILURE,
+    InvalidJobState: EXIT_FAILURE,
+    EmbeddedServerError: EXIT_FAILURE,
+    WorkerError: EXIT_FAILURE,
+    JobLost: EXIT_FAILURE,
 }
 
 
