@@ -38,6 +38,7 @@ def test_every_error_class_has_a_code_and_no_exit_code_of_its_own(kind: type) ->
     assert not hasattr(kind, "exit_code")  # the CLI decides, not the library
     error = kind.__new__(kind)
     assert exit_code(error) in (1, 2)
+    assert kind in EXIT_CODES, f"place {kind.__name__} in EXIT_CODES and in docs/reference/cli.md"
 
 
 @pytest.mark.parametrize(("kind", "code"), [

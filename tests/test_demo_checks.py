@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from akadze.bench import demo
+from akadze.bench import demo_plan as demo
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -34,8 +34,31 @@ def test_plan_sizes_the_workload() -> None:
     assert all(t.key.startswith("demo-abc:") for t in plan.tenants)
     with pytest.raises(ValueError, match="--jobs"):
         demo.make_plan(10, 10)
+    with pytest.raises(ValueError, match="--jobs"):
+        demo.make_plan(demo.MAX_JOBS + 1, 10)
     with pytest.raises(ValueError, match="--seconds"):
         demo.make_plan(400, 1)
+    with pytest.raises(ValueError, match="--seconds"):
+        demo.make_plan(400, demo.MAX_SECONDS + 1)
+
+
+@pytest.mark.parametrize("jobs", [100, 101, 250, 1000, 2400, 100_000])
+def test_every_plan_can_be_judged_fairly(jobs: int) -> None:
+    plan = demo.make_plan(jobs, demo.default_seconds(jobs), run_id="abc")
+    unlimited = [t for t in plan.tenants if not t.limited]
+    # the first unlimited tenant to run out has started all its jobs: more than the
+    # check's minimum, so only a starved tenant can fall below it
+    assert all(t.jobs > demo.MIN_FAIR_STARTS for t in unlimited)
+    # the urgent batch is spread evenly over the unlimited tenants (it shifts no share)
+    assert len({t.urgent for t in unlimited}) == 1 and unlimited[0].urgent > 0
+    assert all(t.urgent == 0 for t in plan.tenants if t.limited)
+
+
+def test_the_default_budget_shrinks_for_a_small_backlog() -> None:
+    assert demo.default_seconds(None) == demo.DEFAULT_SECONDS
+    assert demo.default_seconds(100) == demo.MIN_SECONDS
+    assert demo.default_seconds(400) == 10
+    assert demo.default_seconds(10**6) == demo.DEFAULT_SECONDS
 
 
 def test_max_in_window_is_a_sliding_window() -> None:
@@ -110,3 +133,47 @@ def test_unresolved_retries_and_unfinished_jobs_fail() -> None:
     checks = {c.name: c.ok for c in result.checks}
     assert not checks["retries resolved"]
     assert not checks["all jobs done"]
+
+
+def _counted(plan: demo.Plan, starts: dict[str, tuple[int, int]]) -> demo.Check:
+    """The fairness check of a run in which each unlimited tenant made ``starts[name] =
+    (backlog starts, urgent starts)`` before hooli (the smallest) ran out."""
+    rows = []
+    for tenant in plan.tenants:
+        backlog, urgent = starts.get(tenant.name, (5, 0))
+        # hooli's last start (2.0) ends the contended period; the others' come before it
+        rows += [_row(tenant.name, 2.0 if tenant.name == "hooli" and i == backlog - 1
+                      else 1.0 + i * 0.01) for i in range(backlog)]
+        rows += [_row(tenant.name, 1.5 + i * 0.01, priority=10, created=1.4)
+                 for i in range(urgent)]
+        if tenant.name != "hooli":  # the rest of its backlog, after hooli's last start
+            rows += [_row(tenant.name, 9.0 + i * 0.01) for i in range(tenant.jobs - backlog)]
+    result = demo.evaluate(plan, rows, demo.Peaks(), 10.0)
+    return {c.name: c for c in result.checks}["fair share"]
+
+
+def test_urgent_starts_count_toward_their_tenant_share() -> None:
+    # The issue's run: globex's urgent jobs took its turns; counted, the shares are fair.
+    plan = demo.make_plan(100, 5, run_id="x")
+    hooli = next(t for t in plan.tenants if t.name == "hooli")
+    check = _counted(plan, {"acme": (12, 0), "globex": (9, 3), "hooli": (hooli.jobs, 0)})
+    assert check.ok, check.detail
+    assert "globex 12" in check.detail
+
+
+def test_the_fairness_detail_never_contradicts_its_verdict() -> None:
+    plan = demo.make_plan(100, 5, run_id="x")
+    hooli = next(t for t in plan.tenants if t.name == "hooli")
+    # 10/15 is 0.667: below 0.67, so it must not be shown as 0.67
+    failing = _counted(plan, {"acme": (15, 0), "globex": (10, 0), "hooli": (hooli.jobs, 0)})
+    assert not failing.ok
+    assert "least/most 0.66, needs >= 0.67" in failing.detail
+    # acme got the most: the detail states its share, it does not claim it got no more
+    most = _counted(plan, {"acme": (16, 0), "globex": (hooli.jobs, 0), "hooli": (hooli.jobs, 0)})
+    assert most.ok, most.detail
+    assert "no more than" not in most.detail
+    assert "acme holds 54% of their backlog and was enqueued first: it got 40%" in most.detail
+    # the minimum is stated, and applied
+    assert f"at least {demo.MIN_FAIR_STARTS} each" in most.detail
+    starved = _counted(plan, {"acme": (9, 0), "globex": (9, 0), "hooli": (hooli.jobs - 3, 0)})
+    assert not starved.ok

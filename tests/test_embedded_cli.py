@@ -22,14 +22,14 @@ def home() -> Iterator[Path]:
 def test_db_lifecycle(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ["--dir", str(home)]
     code, out, _ = run_cli(capsys, "db", "status", *d)
-    assert code == 0 and out.startswith("not initialised")
+    assert code == 1 and out.startswith("not initialised")  # not running: exit 1
 
     code, out, _ = run_cli(capsys, "db", "start", *d)
     assert code == 0 and "running (pid" in out and f"host={home}/data" in out
 
     code, out, _ = run_cli(capsys, "db", "status", "--json", *d)
     state = json.loads(out)
-    assert state["running"] is True and state["data_dir"] == str(home / "data")
+    assert code == 0 and state["running"] is True and state["data_dir"] == str(home / "data")
 
     code, out, _ = run_cli(capsys, "db", "url", *d)
     socket_url = out.strip()
@@ -51,7 +51,9 @@ def test_db_lifecycle(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(capsys, "db", "stop", *d)[:2] == (0, "stopped\n")
     assert run_cli(capsys, "db", "stop", *d)[:2] == (0, "not running\n")
     code, out, _ = run_cli(capsys, "db", "status", *d)
-    assert out.startswith("stopped")
+    assert code == 1 and out.startswith("stopped")
+    code, out, _ = run_cli(capsys, "db", "status", "--json", *d)
+    assert code == 1 and json.loads(out)["running"] is False
 
 
 def test_migrate_without_a_url_uses_the_embedded_server(

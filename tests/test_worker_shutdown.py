@@ -72,7 +72,11 @@ async def test_jobs_still_running_after_the_timeout_are_given_back(
     for job_id in (first, second):
         row = job(conn, job_id)
         assert (row["state"], row["attempt"], row["run_count"]) == ("queued", 0, 1)
-        assert row["worker_id"] is None and row["errors"] == []
+        assert row["worker_id"] is None
+        # the give-back is in the job's history, and spent nothing
+        [entry] = row["errors"]
+        assert (entry["error"], entry["attempt"], entry["spent"]) == ("GivenBack", 1, False)
+        assert entry["message"] == f"given back unfinished: worker {worker.worker_id} was stopped"
     assert worker.counts["given_back"] == 2
 
 

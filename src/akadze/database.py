@@ -252,12 +252,23 @@ async def connect_async(
         raise _cannot_connect(url, exc) from None
 
 
+# What libpq puts before its reason, which the URL in our line already says.
+_LIBPQ_PREFIX = re.compile(
+    r'^(?:connection (?:failed|is bad): )?'
+    r'(?:connection to server (?:at "[^"]*"(?:, port \d+)?|on socket "[^"]*") failed: )?'
+    r'(?:FATAL: +)?'
+)
+
+
 def _cannot_connect(url: str, exc: Exception) -> ConfigurationError:
     """One masked line for a failed connection: DatabaseUnavailable when the server could
     not be reached or refused the login (OperationalError), a plain ConfigurationError
     when libpq could not even use the URL (ProgrammingError: an unknown option;
     ValueError: a host name that cannot be encoded, a malformed conninfo string)."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    reason = _LIBPQ_PREFIX.sub("", reason) or reason
+    if reason in ("Connection refused", "No such file or directory"):
+        reason += " (is the server running?)"
     message = f"cannot connect to {describe(url)}: {mask_password(reason)}"
     if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailable(message)

@@ -36,6 +36,7 @@ from psycopg import sql
 
 from . import hooks as hook_calls
 from . import sessions
+from .errors import MigrationError
 from .hooks import Hook
 
 T = TypeVar("T")
@@ -164,6 +165,40 @@ def usable() -> Dialog[bool]:
     return cast(bool, (yield Usable()))
 
 
+# -- a missing schema ---------------------------------------------------------------------
+
+#: What akadze says wherever a statement finds no akadze schema (or an older one).
+NO_SCHEMA = "the database has no akadze schema (or an older one): run akadze migrate"
+
+# The errors of a statement that names akadze objects the database does not have.
+_NO_SCHEMA_ERRORS = (
+    psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
+    psycopg.errors.UndefinedObject, psycopg.errors.UndefinedFunction,
+    psycopg.errors.UndefinedColumn,
+)
+
+
+def schema_missing(error: BaseException) -> MigrationError | None:
+    """The MigrationError to raise instead of ``error`` when an akadze statement failed
+    because the schema is missing or older than this code (None otherwise). Its message
+    names what was missing, its cause is ``error``."""
+    if not isinstance(error, _NO_SCHEMA_ERRORS):
+        return None
+    detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    missing = MigrationError(NO_SCHEMA.replace("):", f": {detail}):", 1))
+    missing.__cause__ = error
+    return missing
+
+
+def _outcome(step: Step, error: BaseException) -> BaseException:
+    """What the dialog receives for a step that raised: akadze's own statements that
+    meet no schema become a MigrationError; hooks are the caller's code, their errors
+    pass as they are."""
+    if isinstance(step, CallHooks):
+        return error
+    return schema_missing(error) or error
+
+
 # -- drivers ------------------------------------------------------------------------------
 
 
@@ -187,7 +222,7 @@ def _continue_sync(conn: psycopg.Connection[Any], dialog: Dialog[T], step: Step)
         try:
             reply = _step_sync(conn, step)
         except BaseException as exc:  # the dialog's to handle, or to let through
-            finished, value = _advance(dialog, error=exc)
+            finished, value = _advance(dialog, error=_outcome(step, exc))
         else:
             finished, value = _advance(dialog, reply)
         if finished:
@@ -239,7 +274,7 @@ async def _continue_async(conn: psycopg.AsyncConnection[Any], dialog: Dialog[T],
         try:
             reply = await _step_async(conn, step)
         except BaseException as exc:  # as _continue_sync
-            finished, value = _advance(dialog, error=exc)
+            finished, value = _advance(dialog, error=_outcome(step, exc))
         else:
             finished, value = _advance(dialog, reply)
         if finished:

@@ -207,7 +207,8 @@ def _clear(key: object) -> Dialog[bool]:
     return existed
 
 
-def _list(now: datetime | None) -> Dialog[list[LimitSummary]]:
+def read_limits(now: datetime | None) -> Dialog[list[LimitSummary]]:
+    """Every limit with its use (the dialog of :func:`list_limits`; also metrics')."""
     return [_summary(row) for row in (yield from dialog.rows(queries.get("limit_list"),
                                                              {"now": now}))]
 
@@ -259,12 +260,12 @@ async def list_limits(source: Session, *, now: datetime | None = None) -> list[L
 
     ``source``: an app, an AsyncEngine, a psycopg AsyncConnection or pool, or a URL.
     """
-    return await dialog.read(source, _list(now))
+    return await dialog.read(source, read_limits(now))
 
 
 def list_limits_sync(source: SyncSession, *, now: datetime | None = None) -> list[LimitSummary]:
     """The sync twin of :func:`list_limits`."""
-    return dialog.read_sync(source, _list(now))
+    return dialog.read_sync(source, read_limits(now))
 
 
 def _check_isolation(row: tuple[Any, ...] | None) -> None:

@@ -11,9 +11,13 @@ metric                                      type     labels
 ``akadze_queue_scheduled_jobs``             gauge    queue (queued, waiting for run_at)
 ``akadze_queue_oldest_ready_lag_seconds``   gauge    queue
 ``akadze_queue_paused``                     gauge    queue (1 paused, 0 not)
+``akadze_queue_unserved_ready_jobs``        gauge    queue, task (no live worker runs it)
 ``akadze_jobs_finished_recent``             gauge    queue, state (last ``window`` seconds)
 ``akadze_limit_running_jobs``               gauge    key
 ``akadze_limit_max_running``                gauge    key (keys with a concurrency limit)
+``akadze_limit_starts_in_window``           gauge    key (keys with a start-rate limit)
+``akadze_limit_max_starts``                 gauge    key (starts allowed per window)
+``akadze_limit_window_seconds``             gauge    key (the window of ``max_starts``)
 ``akadze_workers``                          gauge    alive ("true"/"false")
 ``akadze_worker_running_jobs``              gauge    worker, host
 ==========================================  =======  ======================================
@@ -42,6 +46,7 @@ from .clock import SYSTEM_CLOCK, Clock
 from .dialog import Dialog
 from .errors import AkadzeError, DatabaseUnavailable
 from .jobs import JobState
+from .limits import LimitSummary, read_limits
 from .overview import QueueSnapshot, WorkerSummary, read_snapshots, read_workers
 from .sessions import Session, SyncSession
 
@@ -102,6 +107,7 @@ def exposition(
     workers: Sequence[WorkerSummary],
     *,
     window: int = DEFAULT_WINDOW,
+    limits: Sequence[LimitSummary] = (),
 ) -> str:
     """The exposition text of already-read data (pure)."""
     out = _Writer()
@@ -121,6 +127,12 @@ def exposition(
     )
     out.family("akadze_queue_paused", "1 when the queue is paused cluster-wide.",
                (({"queue": s.queue}, 1 if s.paused else 0) for s in snapshots))
+    out.family(
+        "akadze_queue_unserved_ready_jobs",
+        "Ready jobs of a task that no live worker of the queue runs (they wait for one).",
+        (({"queue": s.queue, "task": task}, count)
+         for s in snapshots for task, count in s.unserved),
+    )
     finished_by = {(queue, state): count for queue, state, count in finished}
     queues = sorted({s.queue for s in snapshots} | {q for q, _ in finished_by})
     out.family(
@@ -133,6 +145,14 @@ def exposition(
                (({"key": k.key}, k.running) for k in keys))
     out.family("akadze_limit_max_running", "The concurrency limit of a limit key.",
                (({"key": k.key}, k.max_running) for k in keys if k.max_running is not None))
+    rated = [limit for limit in limits if limit.max_starts is not None and limit.window]
+    out.family("akadze_limit_starts_in_window",
+               "Starts recorded within the sliding window of a key's start-rate limit.",
+               (({"key": r.key}, r.starts_in_window) for r in rated))
+    out.family("akadze_limit_max_starts", "The starts a key's start-rate limit allows per window.",
+               (({"key": r.key}, r.max_starts or 0) for r in rated))
+    out.family("akadze_limit_window_seconds", "The window of a key's start-rate limit.",
+               (({"key": r.key}, r.window.total_seconds() if r.window else 0) for r in rated))
     alive = sum(1 for w in workers if w.alive)
     out.family("akadze_workers", "Registered workers, by whether their lease holds.",
                [({"alive": "true"}, alive), ({"alive": "false"}, len(workers) - alive)])
@@ -156,7 +176,8 @@ def _render(now: datetime | None, window: int) -> Dialog[str]:
     finished = _finished((yield from dialog.rows(queries.get("metrics_finished_recent"), params)))
     keys = _keys((yield from dialog.rows(queries.get("metrics_running_by_key"), params)))
     workers = yield from read_workers(now)
-    return exposition(snapshots, finished, keys, workers, window=window)
+    limits = yield from read_limits(now)
+    return exposition(snapshots, finished, keys, workers, window=window, limits=limits)
 
 
 async def render(source: Session, *, now: datetime | None = None,

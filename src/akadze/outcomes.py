@@ -253,7 +253,18 @@ def cancelled(job: ClaimedJob, at: datetime, message: str) -> Finish:
     )
 
 
-def given_back(job: ClaimedJob) -> Finish:
-    """A run handed back unfinished (shutdown, self-fencing): queued again, keeping its
-    place (run_at) and its attempt."""
-    return Finish(job, GIVEN_BACK, JobState.QUEUED, attempt_delta=-1)
+#: How often a job may be given back at one attempt without spending it. A job that
+#: runs longer than the workers' shutdown timeout is given back at every restart: the
+#: next give-back spends the attempt (and fails the job on its last one).
+GIVE_BACKS_PER_ATTEMPT = 3
+
+
+def given_back(job: ClaimedJob, at: datetime | None = None, reason: str | None = None) -> Finish:
+    """A run handed back unfinished: queued again, keeping its place (run_at) and its
+    attempt. A run that had started (``at`` and ``reason`` given: shutdown, self-fencing)
+    is recorded in the job's errors as ``GivenBack`` and counts toward
+    GIVE_BACKS_PER_ATTEMPT; a claimed job that never started (None) leaves no trace."""
+    if at is None or reason is None:
+        return Finish(job, GIVEN_BACK, JobState.QUEUED, attempt_delta=-1)
+    return Finish(job, GIVEN_BACK, JobState.QUEUED, attempt_delta=-1,
+                  error=error_entry(job, at, "GivenBack", f"given back unfinished: {reason}"))

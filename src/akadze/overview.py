@@ -112,7 +112,9 @@ class QueueSnapshot:
     ``ready``: queued jobs whose run_at has come; ``scheduled``: queued jobs waiting
     for their run_at (a delay or a retry backoff); ``lag``: how long the oldest
     ready job has waited past its run_at (None when nothing is ready); ``busy``:
-    running jobs.
+    running jobs; ``unserved``: ``(task, ready jobs)`` of the tasks that no live
+    worker of the queue runs, while some live worker serves it (those jobs wait
+    until a worker whose app registers the task comes).
     """
 
     queue: str
@@ -122,6 +124,7 @@ class QueueSnapshot:
     lag: timedelta | None = None
     paused: bool = False
     paused_at: datetime | None = None
+    unserved: tuple[tuple[str, int], ...] = ()
 
     def count(self, state: JobState | str) -> int:
         wanted = JobState(state)
@@ -144,6 +147,7 @@ class QueueSnapshot:
             "lag_seconds": None if self.lag is None else self.lag.total_seconds(),
             "paused": self.paused,
             "paused_at": None if self.paused_at is None else self.paused_at.isoformat(),
+            "unserved_tasks": dict(self.unserved),
         }
 
 
@@ -259,8 +263,12 @@ def _snapshots(
     ready: Sequence[Sequence[Any]],
     pauses: Sequence[Sequence[Any]],
     only: str | None,
+    unserved: Sequence[Sequence[Any]] = (),
 ) -> list[QueueSnapshot]:
     per_queue: dict[str, list[StateCount]] = {}
+    unserved_by: dict[str, list[tuple[str, int]]] = {}
+    for queue, task, count in unserved:
+        unserved_by.setdefault(queue, []).append((str(task), int(count)))
     for queue, state, count in counts:
         per_queue.setdefault(queue, []).append(StateCount(JobState(state), int(count)))
     ready_by = {row[0]: (int(row[1]), int(row[2]), row[3]) for row in ready}
@@ -275,6 +283,7 @@ def _snapshots(
             lag=ready_by.get(name, (0, 0, None))[2],
             paused=name in paused,
             paused_at=paused.get(name),
+            unserved=tuple(unserved_by.get(name, ())),
         )
         for name in queues
     ]
@@ -317,7 +326,8 @@ def read_snapshots(queue: str | None, now: datetime | None) -> Dialog[list[Queue
     counts = yield from dialog.rows(queries.get("queue_state_counts"), params)
     ready = yield from dialog.rows(queries.get("queue_ready"), params)
     pauses = yield from dialog.rows(queries.get("queue_pauses_list"), params)
-    return _snapshots(counts, ready, pauses, queue)
+    unserved = yield from dialog.rows(queries.get("queue_unserved_tasks"), params)
+    return _snapshots(counts, ready, pauses, queue, unserved)
 
 
 def read_workers(now: datetime | None) -> Dialog[list[WorkerSummary]]:

@@ -4,7 +4,8 @@
   ``faults``, ``soak``), each writing an optional Markdown report;
 - the fault scenarios and their audit (``fault_*``), run by ``akadze bench faults``
   and ``soak`` and by the reliability tests;
-- the demo behind ``akadze demo`` (:mod:`akadze.bench.demo`);
+- the demo behind ``akadze demo`` (:mod:`akadze.bench.demo`, its plan and checks in
+  :mod:`akadze.bench.demo_plan`);
 - the watch: the test-only trigger that checks ``max_running`` at every claim
   commit, shared by the claim bench, the fault scenarios and the tests.
 

@@ -16,19 +16,29 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 import click
 import psycopg
 
+from ..dialog import schema_missing
 from ..errors import (
     AkadzeError,
+    AsyncHookError,
     ConfigurationError,
     DatabaseUnavailable,
     DuplicateJob,
+    EmbeddedServerError,
     EnqueueError,
     FilterError,
+    InvalidJobState,
+    JobLost,
+    JobNotFound,
     LimitError,
+    MigrationError,
     ScheduleError,
+    UnknownTask,
+    WorkerError,
 )
 from . import bench, db, demo, jobs, limits, metrics, migrate, queues, schedules, worker, workers
 from ._render import shown
@@ -36,30 +46,48 @@ from .dashboard import command as dashboard_command
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
-#: The exit code of each error class. An error takes the code of the first of its
-#: classes (its own, then its bases, in method resolution order) listed here: bad
-#: input or settings are bad usage (2); everything else that stops a command, from
-#: an unreachable server to a failed migration or a crashed worker, is a failure (1).
-#: The table is documented in docs/reference/cli.md (and tested against it).
+#: The exit code of every error class akadze defines (akadze.errors). An error takes
+#: the code of the first of its classes (its own, then its bases, in method resolution
+#: order) listed here: bad input or settings are bad usage (2); everything else that
+#: stops a command, from an unreachable server to a failed migration or a crashed
+#: worker, is a failure (1). Every class is listed, so that a new one must be placed;
+#: the table is documented in docs/reference/cli.md (and tested against it).
 EXIT_CODES: dict[type[AkadzeError], int] = {
     AkadzeError: EXIT_FAILURE,
     ConfigurationError: EXIT_USAGE,
     DatabaseUnavailable: EXIT_FAILURE,
+    AsyncHookError: EXIT_USAGE,
+    MigrationError: EXIT_FAILURE,
     EnqueueError: EXIT_USAGE,
     DuplicateJob: EXIT_FAILURE,
-    FilterError: EXIT_USAGE,
+    UnknownTask: EXIT_USAGE,
     LimitError: EXIT_USAGE,
     ScheduleError: EXIT_USAGE,
+    FilterError: EXIT_USAGE,
+    JobNotFound: EXIT_FAILURE,
+    InvalidJobState: EXIT_FAILURE,
+    EmbeddedServerError: EXIT_FAILURE,
+    WorkerError: EXIT_FAILURE,
+    JobLost: EXIT_FAILURE,
 }
 
-# A statement failed because the akadze schema (or a part of it) is missing.
-_NO_SCHEMA = (
-    psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName,
-    psycopg.errors.UndefinedObject, psycopg.errors.UndefinedFunction,
-)
+
+def documentation_url() -> str | None:
+    """The documentation link of the installed package's metadata (project.urls)."""
+    try:
+        entries = metadata.metadata("akadze").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a checkout
+        return None
+    for entry in entries:
+        label, _, url = str(entry).partition(",")
+        if label.strip().lower() == "documentation":
+            return str(url).strip()
+    return None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=f"Documentation: {documentation_url() or 'the docs/ folder of the source'}"
+                    " (akadze COMMAND -h for a command's options).")
 @click.version_option(package_name="akadze", prog_name="akadze")
 def cli() -> None:
     """akadze: a PostgreSQL job queue with exact limits and fair scheduling."""
@@ -86,8 +114,9 @@ def exit_code(error: AkadzeError) -> int:
 
 def _database_error(error: psycopg.Error) -> str:
     """One line for a database problem no command turned into an akadze error."""
-    if isinstance(error, _NO_SCHEMA):
-        return "the database has no akadze schema (or an older one): run akadze migrate"
+    missing = schema_missing(error)
+    if missing is not None:
+        return str(missing)
     first = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return f"database error: {first}"
 

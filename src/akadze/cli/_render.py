@@ -9,9 +9,9 @@ or on rich:
   the C1 controls, the bidirectional and zero-width format characters) is written as
   its Python escape (``\\x1b``, ``\\u202e``), so what is stored is what the operator
   reads, and the terminal interprets none of it;
-- table cells are rich ``Text``, never markup: ``[/bogus]`` or
-  ``[link=https://evil.example]q1[/link]`` is shown as written (and cannot crash the
-  table);
+- table cells are plain text laid out by :mod:`akadze.cli.tables`, never markup:
+  ``[/bogus]`` or ``[link=https://evil.example]q1[/link]`` is shown as written (and
+  cannot crash the table);
 - passwords are masked (:func:`akadze.database.mask_password`), in JSON too.
 
 :func:`print_table`, :func:`print_json` and :func:`echo` are the only ways commands
@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from ..database import MaskingFormatter, mask_password
+from . import tables
 
 
 def shown(value: object) -> str:
@@ -44,19 +43,26 @@ def shown(value: object) -> str:
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
-def _cell(value: object) -> Text:
-    return Text("" if value is None else shown(value))
+def _cell(value: object) -> object:
+    """A cell as :mod:`akadze.cli.tables` lays it out: numbers as they are (aligned
+    right), everything else as :func:`shown` text."""
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return value
+    return shown(value)
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """A table for people; every cell (and the title) literal text, never markup."""
-    table = Table(title=None if title is None else _cell(title), show_lines=False,
-                  header_style="bold")
-    for column in columns:
-        table.add_column(_cell(column))
-    for row in rows:
-        table.add_row(*(_cell(cell) for cell in row))
-    Console(soft_wrap=True).print(table)
+def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *,
+                flexible: Collection[str] = ()) -> None:
+    """A table for people (:mod:`akadze.cli.tables`), every cell and the title literal
+    text, never markup; on a terminal only the ``flexible`` columns may be shortened to
+    fit, in a pipe nothing is."""
+    terminal = sys.stdout.isatty()
+    width = shutil.get_terminal_size().columns if terminal else None
+    lines = tables.render(None if title is None else shown(title),
+                          [shown(column) for column in columns],
+                          ([_cell(cell) for cell in row] for row in rows),
+                          width=width, flexible=flexible, bold=terminal)
+    click.echo("\n".join(lines))
 
 
 def print_json(data: Any) -> None:

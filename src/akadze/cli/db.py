@@ -73,18 +73,21 @@ def stop(home: Path | None) -> None:
 @_dir_option
 @json_option
 def status(home: Path | None, as_json: bool) -> None:
-    """Whether the server runs, and where its files are."""
+    """Whether the server runs, and where its files are. Exit 0 when it runs, 1 when
+    it does not (as pg_ctl status), so that scripts can test it."""
     state = embedded.server(home).status()
     if as_json:
         print_json(_describe(state))
-        return
-    if state.running:
-        click.echo(f"running (pid {state.pid}, user {state.user}, port {state.port})")
     else:
-        click.echo("stopped" if state.initialised else "not initialised")
-    click.echo(f"home: {state.home}")
-    click.echo(f"data: {state.data_dir}")
-    click.echo(f"log:  {state.log_file}")
+        if state.running:
+            click.echo(f"running (pid {state.pid}, user {state.user}, port {state.port})")
+        else:
+            click.echo("stopped" if state.initialised else "not initialised")
+        click.echo(f"home: {state.home}")
+        click.echo(f"data: {state.data_dir}")
+        click.echo(f"log:  {state.log_file}")
+    if not state.running:
+        raise click.exceptions.Exit(1)
 
 
 @command.command("url")

@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..bench import demo
+from ..bench import demo, demo_plan
 from ..database import describe
 from ..errors import ConfigurationError
 from .options import database_url_option, resolve
@@ -22,7 +22,7 @@ from .options import database_url_option, resolve
 class _Progress:
     """Renders snapshots: a live table on a terminal, periodic lines otherwise."""
 
-    def __init__(self, plan: demo.Plan, console: Console, plain: bool) -> None:
+    def __init__(self, plan: demo_plan.Plan, console: Console, plain: bool) -> None:
         self.plan = plan
         self.console = console
         self.plain = plain
@@ -40,13 +40,13 @@ class _Progress:
         if self.live is not None:
             self.live.__exit__(None, None, None)
 
-    def rate(self, snapshot: demo.Snapshot) -> float:
+    def rate(self, snapshot: demo_plan.Snapshot) -> float:
         self.history.append((snapshot.elapsed, snapshot.finished))
         recent = [(t, n) for t, n in self.history if t >= snapshot.elapsed - 1.0]
         (t0, n0), (t1, n1) = recent[0], recent[-1]
         return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
 
-    def __call__(self, snapshot: demo.Snapshot, peaks: demo.Peaks) -> None:
+    def __call__(self, snapshot: demo_plan.Snapshot, peaks: demo_plan.Peaks) -> None:
         rate = self.rate(snapshot)
         if self.live is not None:
             self.live.update(self.table(snapshot, rate))
@@ -54,14 +54,14 @@ class _Progress:
             self.last_line = snapshot.elapsed
             self.console.print(self.line(snapshot, rate), soft_wrap=True)
 
-    def _in_use(self, tenant: demo.TenantPlan, counts: demo.Counts) -> str:
+    def _in_use(self, tenant: demo_plan.TenantPlan, counts: demo_plan.Counts) -> str:
         if tenant.max_running is not None:
             return f"running {counts.running}/{tenant.max_running}"
         if tenant.max_starts is not None:
             return f"starts {counts.starts_in_window}/{tenant.max_starts} per {tenant.window:g}s"
         return ""
 
-    def table(self, snapshot: demo.Snapshot, rate: float) -> Group:
+    def table(self, snapshot: demo_plan.Snapshot, rate: float) -> Group:
         table = Table(header_style="bold", title_justify="left")
         for column in ("tenant", "jobs", "done", "running", "queued", "retrying", "limit in use"):
             table.add_column(column, justify="left" if column in ("tenant", "limit in use")
@@ -74,24 +74,32 @@ class _Progress:
         head = Text.assemble(
             (f"{snapshot.elapsed:5.1f}s ", "bold"),
             f"{snapshot.finished}/{self.plan.total} jobs done, {rate:.0f} jobs/s, "
-            f"{self.plan.slots} slots, fair claim",
+            f"{self.plan.slots} slots, fair claim" + self._urgent(snapshot, ", "),
         )
         return Group(head, table)
 
-    def line(self, snapshot: demo.Snapshot, rate: float) -> str:
+    @staticmethod
+    def _urgent(snapshot: demo_plan.Snapshot, lead: str) -> str:
+        """The urgent batch's progress, once it has arrived."""
+        sent = sum(c.urgent for c in snapshot.tenants.values())
+        done = sum(c.urgent_succeeded for c in snapshot.tenants.values())
+        return f"{lead}urgent batch {done}/{sent} done" if sent else ""
+
+    def line(self, snapshot: demo_plan.Snapshot, rate: float) -> str:
         parts = []
         for tenant in self.plan.tenants:
             c = snapshot.tenants[tenant.name]
             extra = self._in_use(tenant, c)
             parts.append(
-                f"{tenant.name} {c.succeeded} done {c.running} run {c.queued} queued"
+                f"{tenant.name} {c.succeeded} done {c.running} run "
+                f"{c.queued - c.retrying} queued {c.retrying} retrying"
                 + (f" ({extra})" if extra else "")
             )
         return (f"{snapshot.elapsed:5.1f}s {snapshot.finished}/{self.plan.total} done "
-                f"{rate:4.0f} jobs/s | " + " | ".join(parts))
+                f"{rate:4.0f} jobs/s | " + " | ".join(parts) + self._urgent(snapshot, " | "))
 
 
-def _summary(result: demo.Result, console: Console) -> None:
+def _summary(result: demo_plan.Result, console: Console) -> None:
     table = Table(title="Tenants", header_style="bold", title_justify="left",
                   caption="* while every tenant still had work waiting", caption_justify="left")
     for column in ("tenant", "limit", "jobs", "backlog", "starts*", "share*", "peak"):
@@ -111,22 +119,34 @@ def _summary(result: demo.Result, console: Console) -> None:
         mark = "[green]PASS[/green]" if check.ok else "[red]FAIL[/red]"
         console.print(f"{mark} {check.name}: {check.detail}", soft_wrap=True)
     verdict = "all checks passed" if result.ok else "some checks FAILED"
-    console.print(f"{verdict} ({result.elapsed:.1f}s, queue {result.plan.queue})")
+    console.print(f"{verdict} ({result.elapsed:.1f}s)")
 
 
 @click.command("demo")
-@click.option("--seconds", type=click.FloatRange(min=5), default=60.0, show_default=True,
-              help="Time budget; the workload is sized to finish in about half of it.")
-@click.option("--jobs", type=click.IntRange(min=100), default=None,
-              help="Backlog size (default: 40 per second of --seconds).")
-@click.option("--slots", type=click.IntRange(min=4, max=64), default=demo.SLOTS,
+@click.option("--seconds", type=click.FloatRange(demo_plan.MIN_SECONDS, demo_plan.MAX_SECONDS),
+              default=None,
+              help="Time budget; the workload is sized to finish in about half of it "
+              f"(default: {demo_plan.DEFAULT_SECONDS:g}, or for a small --jobs "
+              f"{demo_plan.JOBS_PER_SECOND} jobs a second, at least "
+              f"{demo_plan.MIN_SECONDS:g}).")
+@click.option("--jobs", type=click.IntRange(100, demo_plan.MAX_JOBS), default=None,
+              help=f"Backlog size (default: {demo_plan.JOBS_PER_SECOND} per second of "
+              "--seconds).")
+@click.option("--slots", type=click.IntRange(min=4, max=64), default=demo_plan.SLOTS,
               show_default=True, help="Worker slots.")
 @click.option("--plain", is_flag=True,
               help="Print progress lines instead of a live table (automatic when stdout "
               "is not a terminal).")
+@click.option("--keep", is_flag=True,
+              help="Keep the run's jobs for inspection (akadze jobs list -q QUEUE) instead "
+              "of removing them at the end.")
+@click.option("--clean", is_flag=True,
+              help="Remove what earlier runs kept (their jobs, limits and start marks), "
+              "then exit.")
 @database_url_option
 def command(
-    seconds: float, jobs: int | None, slots: int, plain: bool, database_url: str | None
+    seconds: float | None, jobs: int | None, slots: int, plain: bool, keep: bool,
+    clean: bool, database_url: str | None,
 ) -> None:
     """Run a multi-tenant workload on a fair worker and check the outcome.
 
@@ -135,18 +155,26 @@ def command(
     jobs arrive mid-run. At the end the demo checks, from the database, that the
     tenants got fair shares, that no limit was exceeded and that the retries
     resolved. Exit 0 when every check passes, 1 otherwise. Without a URL it runs
-    on the embedded server.
+    on the embedded server. A run removes its jobs and limits when it ends, also
+    when interrupted (--keep keeps the jobs; --clean removes what runs kept).
     """
     url = resolve(database_url)
+    if clean:
+        runs, removed = asyncio.run(demo.clean(url))
+        click.echo(f"removed {removed} jobs of {runs} earlier demo run{'s' * (runs != 1)}"
+                   if runs else "nothing to clean: no earlier demo run left anything")
+        return
+    budget = seconds if seconds is not None else demo_plan.default_seconds(jobs)
     try:
-        plan = demo.make_plan(jobs or int(40 * seconds), seconds, slots)
+        plan = demo_plan.make_plan(jobs or int(demo_plan.JOBS_PER_SECOND * budget), budget,
+                                   slots)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     plain = plain or not sys.stdout.isatty()
     console = Console(highlight=False, width=140 if plain else None)
     console.print(
         f"akadze demo on {describe(url)}: {plan.total} jobs, {len(plan.tenants)} tenants, "
-        f"jobs of ~{plan.duration * 1000:.0f} ms, budget {seconds:g}s",
+        f"jobs of ~{plan.duration * 1000:.0f} ms, budget {budget:g}s",
         soft_wrap=True,
         markup=False,
     )
@@ -157,9 +185,17 @@ def command(
     logger.setLevel(logging.ERROR)
     try:
         with _Progress(plan, console, plain) as progress:
-            result = asyncio.run(demo.run(url, plan, on_snapshot=progress))
+            result = asyncio.run(demo.run(url, plan, on_snapshot=progress, keep=keep))
+    except KeyboardInterrupt:
+        kept = "its limits were removed; its jobs were kept" if keep else (
+            "its jobs and limits were removed")
+        click.echo(f"akadze: demo interrupted; {kept}", err=True)
+        raise click.exceptions.Exit(130) from None
     finally:
         logger.setLevel(level)
     _summary(result, console)
+    if keep:
+        console.print(f"its jobs were kept: akadze jobs list -q {plan.queue} "
+                      "(akadze demo --clean removes them)", markup=False)
     if not result.ok:
         raise click.exceptions.Exit(1)

@@ -3,19 +3,32 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from ..cancellation import request_cancel_sync
 from ..control import requeue_sync, retry_now_sync
+from ..errors import InvalidJobState
 from ..jobs import JobState
 from ..overview import MAX_LIMIT, JobSummary, get_job_sync, list_jobs_sync
 from ._render import echo
 from .options import database_url_option, json_option, print_json, print_table, resolve
 
 STATES = [s.value for s in JobState]
+
+
+def _job_id(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """A job id: a whole number from 1 (``jobs show abc`` says so, in those words)."""
+    text = value.strip()
+    if text.isascii() and text.isdigit() and 1 <= int(text) < 2**63:  # a bigint
+        return int(text)
+    raise click.BadParameter(
+        f"{value!r} is not a job id (job ids are whole numbers from 1)", ctx, param
+    )
+# "-1" is an argument (a bad job id), not an unknown option.
+ID_ARGUMENTS = {"ignore_unknown_options": True}
 
 
 def when(value: datetime | None) -> str:
@@ -26,11 +39,17 @@ def when(value: datetime | None) -> str:
 
 
 def took(seconds: float) -> str:
+    """A duration in one style at every size: 350ms, 6.8s, 5m03s, 2h05m, 3d04h."""
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
-    if seconds < 120:
+    if round(seconds, 1) < 60:
         return f"{seconds:.1f}s"
-    return str(timedelta(seconds=round(seconds)))
+    whole = round(seconds)
+    for unit, size, rest_unit, rest_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60),
+                                             ("m", 60, "s", 1)):
+        if whole >= size:
+            return f"{whole // size}{unit}{whole % size // rest_size:02d}{rest_unit}"
+    return f"{whole}s"  # pragma: no cover - seconds >= 60 has a unit above
 
 
 def parse_meta(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> Any:
@@ -106,6 +125,7 @@ def list_command(queue: str | None, states: tuple[str, ...], task: str | None,
              _error_line(job))
             for job in jobs
         ],
+        flexible=("last error",),
     )
 
 
@@ -145,7 +165,8 @@ def _show(job: JobSummary) -> None:
     if job.result is not None:
         echo("result")
         echo("  " + json.dumps(job.result))
-    echo(f"history ({len(job.errors)} error{'s' if len(job.errors) != 1 else ''} "
+    # errors holds the run's history: errors, rescues and give-backs (not all errors)
+    echo(f"history ({len(job.errors)} event{'s' if len(job.errors) != 1 else ''} "
                "recorded)")
     events: list[tuple[str, str]] = [(when(job.created_at), "enqueued")]
     for entry in job.errors:
@@ -165,8 +186,8 @@ def _show(job: JobSummary) -> None:
         echo(f"  {stamp:<25}{text}")
 
 
-@command.command("show")
-@click.argument("job_id", type=click.IntRange(min=1))
+@command.command("show", context_settings=ID_ARGUMENTS)
+@click.argument("job_id", metavar="ID", callback=_job_id)
 @json_option
 @database_url_option
 def show_command(job_id: int, as_json: bool, database_url: str | None) -> None:
@@ -178,20 +199,20 @@ def show_command(job_id: int, as_json: bool, database_url: str | None) -> None:
     _show(job)
 
 
-@command.command("cancel")
-@click.argument("job_id", type=click.IntRange(min=1))
+@command.command("cancel", context_settings=ID_ARGUMENTS)
+@click.argument("job_id", metavar="ID", callback=_job_id)
 @database_url_option
 def cancel_command(job_id: int, database_url: str | None) -> None:
     """Cancel a queued job (it never runs) or tell a running job to stop."""
-    done = request_cancel_sync(resolve(database_url), job_id)
-    if not done:
-        click.echo(f"job {job_id} has finished already; nothing to cancel", err=True)
-        raise click.exceptions.Exit(1)
+    url = resolve(database_url)
+    if not request_cancel_sync(url, job_id):
+        state = get_job_sync(url, job_id).state.value
+        raise InvalidJobState(f"job {job_id} has finished already ({state}); nothing to cancel")
     click.echo(f"job {job_id}: cancel requested")
 
 
-@command.command("requeue")
-@click.argument("job_id", type=click.IntRange(min=1))
+@command.command("requeue", context_settings=ID_ARGUMENTS)
+@click.argument("job_id", metavar="ID", callback=_job_id)
 @database_url_option
 def requeue_command(job_id: int, database_url: str | None) -> None:
     """Queue a failed or cancelled job again, with a fresh set of attempts."""
@@ -199,8 +220,8 @@ def requeue_command(job_id: int, database_url: str | None) -> None:
     click.echo(f"job {job_id} requeued")
 
 
-@command.command("retry")
-@click.argument("job_id", type=click.IntRange(min=1))
+@command.command("retry", context_settings=ID_ARGUMENTS)
+@click.argument("job_id", metavar="ID", callback=_job_id)
 @database_url_option
 def retry_command(job_id: int, database_url: str | None) -> None:
     """Run a queued job now instead of waiting for its backoff or delay."""

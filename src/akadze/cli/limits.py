@@ -138,15 +138,14 @@ def set_command(
     """Create or change the limit of KEY; options not given keep their values."""
     if _UNSET == max_running == max_starts == window:
         raise click.UsageError("give at least one of --max-running, --max-starts, --window")
-    url = resolve(database_url)
-    with connect(url) as conn:
-        summary = set_limit_sync(
-            conn,
-            key,
-            max_running=KEEP if max_running == _UNSET else max_running,
-            max_starts=KEEP if max_starts == _UNSET else max_starts,
-            window=KEEP if window == _UNSET else window,
-        )
+    # The URL, not a connection: the values are checked before anything connects.
+    summary = set_limit_sync(
+        resolve(database_url),
+        key,
+        max_running=KEEP if max_running == _UNSET else max_running,
+        max_starts=KEEP if max_starts == _UNSET else max_starts,
+        window=KEEP if window == _UNSET else window,
+    )
     if as_json:
         print_json(_row(summary))
         return
@@ -163,7 +162,7 @@ def clear_command(key: str, database_url: str | None) -> None:
     """Remove the limit of KEY (and its recorded starts)."""
     with connect(resolve(database_url)) as conn:
         existed = clear_limit_sync(conn, key)
-    click.echo(f"limit {key} cleared" if existed else f"no limit on {key}; nothing to clear")
+    echo(f"limit {key} cleared" if existed else f"no limit on {key}; nothing to clear")
 
 
 def _shown(value: int | None) -> str:

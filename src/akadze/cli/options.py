@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
 from .. import database
+from ..errors import ConfigurationError
 from ._render import print_json, print_table
 
 __all__ = ["database_url_option", "json_option", "print_json", "print_table", "resolve"]
@@ -32,5 +34,21 @@ def json_option(fn: F) -> F:
 
 
 def resolve(url: str | None) -> str:
-    """The URL to use; raises ConfigurationError (one line, exit 2) when there is none."""
-    return database.resolve_url(url)
+    """The URL to use; raises ConfigurationError (one line, exit 2) when there is none.
+
+    When that is the embedded server and it was not running (after ``akadze db stop``,
+    say), starting it is not silent: one line on stderr says so."""
+    if url is not None or os.environ.get(database.ENV_URL):
+        return database.resolve_url(url)
+    from .. import embedded
+
+    try:
+        was_running = embedded.server().status().running
+    except ConfigurationError:  # no extra: resolve_url says what to do
+        was_running = True
+    found = database.resolve_url(url)
+    if not was_running:
+        status = embedded.server().status()
+        click.echo(f"akadze: started the embedded PostgreSQL server (pid {status.pid}, port "
+                   f"{status.port}); akadze db stop stops it", err=True)
+    return found

@@ -6,7 +6,8 @@ import click
 
 from ..control import pause_queue_sync, resume_queue_sync
 from ..jobs import JobState
-from ..overview import queue_snapshot_sync
+from ..overview import QueueSnapshot, list_workers_sync, queue_snapshot_sync
+from ._render import echo
 from .jobs import took, when
 from .options import database_url_option, json_option, print_json, print_table, resolve
 
@@ -40,15 +41,25 @@ def list_command(as_json: bool, database_url: str | None) -> None:
             for s in snapshots
         ],
     )
+    _warn_waiting(snapshots, database_url)
 
 
 @command.command("pause")
 @click.argument("queue")
+@click.option("--force", is_flag=True,
+              help="Pause a queue that has no jobs and no worker yet (refused otherwise, "
+              "as a probable typo).")
 @database_url_option
-def pause_command(queue: str, database_url: str | None) -> None:
+def pause_command(queue: str, force: bool, database_url: str | None) -> None:
     """Stop every worker from claiming jobs of QUEUE (running jobs finish)."""
-    changed = pause_queue_sync(resolve(database_url), queue)
-    click.echo(f"queue {queue} paused" if changed else f"queue {queue} was paused already")
+    url = resolve(database_url)
+    if not force and not _known(url, queue):
+        raise click.UsageError(
+            f"queue {queue!r} has no jobs and no worker serves it (a typo?); "
+            "pass --force to pause it anyway"
+        )
+    changed = pause_queue_sync(url, queue)
+    echo(f"queue {queue} paused" if changed else f"queue {queue} was paused already")
 
 
 @command.command("resume")
@@ -57,4 +68,28 @@ def pause_command(queue: str, database_url: str | None) -> None:
 def resume_command(queue: str, database_url: str | None) -> None:
     """Let workers claim jobs of QUEUE again."""
     changed = resume_queue_sync(resolve(database_url), queue)
-    click.echo(f"queue {queue} resumed" if changed else f"queue {queue} was not paused")
+    echo(f"queue {queue} resumed" if changed else f"queue {queue} was not paused")
+
+
+def _known(url: str, queue: str) -> bool:
+    """Whether ``queue`` has jobs, is paused, or is served by a registered worker."""
+    snapshot = queue_snapshot_sync(url, queue)
+    if snapshot.total or snapshot.paused:
+        return True
+    return any(queue in worker.queues for worker in list_workers_sync(url))
+
+
+def _warn_waiting(snapshots: list[QueueSnapshot], database_url: str | None) -> None:
+    """Lines under the table for ready jobs that nothing will run as things stand."""
+    for s in snapshots:
+        for task, count in s.unserved:
+            echo(f"warning: queue {s.queue}: {count} ready job{'s' * (count != 1)} of "
+                 f"task {task!r}, which no live worker of the queue runs")
+    idle = [s for s in snapshots if s.ready and not s.paused and not s.unserved]
+    if idle:
+        served = {q for w in list_workers_sync(resolve(database_url)) if w.alive
+                  for q in w.queues}
+        for s in idle:
+            if s.queue not in served:
+                echo(f"note: queue {s.queue}: {s.ready} ready job{'s' * (s.ready != 1)} "
+                     "and no live worker serves it")

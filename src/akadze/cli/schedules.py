@@ -8,9 +8,9 @@ from zoneinfo import ZoneInfo
 import click
 
 from ..schedules import Schedule
+from .apps import load_app
 from .jobs import when
 from .options import json_option, print_json, print_table
-from .worker import load_app
 
 
 @click.group("schedules")
@@ -25,7 +25,7 @@ def _local(schedule: Schedule, fire: datetime | None) -> str:
 
 
 @command.command("list")
-@click.argument("app_reference", metavar="MODULE:APP")
+@click.argument("app_reference", metavar="MODULE:APP|PATH.py:APP")
 @json_option
 def list_command(app_reference: str, as_json: bool) -> None:
     """Every schedule of the app with its next fire (computed now, no database)."""

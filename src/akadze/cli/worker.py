@@ -3,48 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import sys
-import threading
-from typing import Any
 
 import click
 
-from ..errors import ConfigurationError
+from ..database import connect, describe
+from ..errors import WorkerError
+from ..migrate import available, pending_connection
 from ._render import log_to_stderr
+from .apps import load_app
 from .options import database_url_option, resolve
+
+__all__ = ["LOG_FORMAT", "command", "load_app"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def load_app(reference: str) -> Any:
-    """The Akadze app named by ``module:attribute`` (the current directory is importable)."""
-    from ..app import Akadze
-
-    module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(
-            f"expected the app as module:attribute (for example myproject.jobs:app), "
-            f"got {reference!r}"
-        )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
-    app = getattr(module, attribute, None)
-    if not isinstance(app, Akadze):
-        raise ConfigurationError(
-            f"{reference!r} is not an Akadze app (found {type(app).__name__})"
-        )
-    return app
-
-
 @click.command("worker")
-@click.argument("app_reference", metavar="MODULE:APP")
+@click.argument("app_reference", metavar="MODULE:APP|PATH.py:APP")
 @click.option("--queue", "-q", "queues", multiple=True, metavar="NAME",
               help="A queue to work on (repeatable; default: the queues of the app's tasks).")
 @click.option("--slots", "-s", type=click.IntRange(min=1), default=10, show_default=True,
@@ -67,7 +45,7 @@ def command(
     poll_interval: float, lease: float, shutdown_timeout: float, worker_id: str | None,
     log_level: str, database_url: str | None,
 ) -> None:
-    """Run a worker for the app MODULE:APP until SIGINT or SIGTERM.
+    """Run a worker for the app MODULE:APP (or PATH.py:APP) until SIGINT or SIGTERM.
 
     The first signal stops claiming and waits --shutdown-timeout seconds for running
     jobs, then gives the rest back; a second signal stops at once.
@@ -76,20 +54,38 @@ def command(
 
     app = load_app(app_reference)
     url = resolve(database_url) if database_url else None
+    check_database(url or app.database_url)
     worker = Worker(
         app, queues=list(queues) or None, slots=slots, fair=fair, listen=not no_listen,
         poll_interval=poll_interval, lease=lease, shutdown_timeout=shutdown_timeout,
         worker_id=worker_id, database_url=url,
     )
     log_to_stderr(log_level.upper(), LOG_FORMAT)
+    # The pool's own warnings repeat at every reconnect attempt, over two lines; the
+    # worker reports each database problem once when it starts and once when it ends.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     asyncio.run(worker.run(install_signal_handlers=True))
-    stuck = [t for t in threading.enumerate() if t.name.startswith("akadze-task") and t.is_alive()]
+    stuck = worker.threads_running
     if stuck:
         # Plain task functions cannot be interrupted; their jobs were given back.
         logging.getLogger("akadze.worker").warning(
-            "exiting with %d task thread%s still running (their jobs were given back)",
-            len(stuck), "" if len(stuck) == 1 else "s")
+            "exiting with %d task thread%s still running (%s given back)",
+            stuck, "" if stuck == 1 else "s", "its job was" if stuck == 1 else "their jobs were")
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def check_database(url: str) -> None:
+    """One line (exit 1) before the worker starts when the database cannot be reached,
+    refuses the login, or lacks the schema. Once running, a worker rides out outages."""
+    with connect(url) as conn:
+        pending = pending_connection(conn)
+    if len(pending) == len(available()):
+        raise WorkerError(f"the database {describe(url)} has no akadze schema: run akadze migrate")
+    if pending:
+        names = ", ".join(f"{m.version:04d}_{m.name}" for m in pending)
+        raise WorkerError(
+            f"the database {describe(url)} lacks the migrations {names}: run akadze migrate"
+        )

@@ -39,4 +39,5 @@ def list_command(as_json: bool, database_url: str | None) -> None:
              took(w.lease.total_seconds()), w.running)
             for w in workers
         ],
+        flexible=("queues",),
     )

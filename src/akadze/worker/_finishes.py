@@ -15,7 +15,7 @@ import psycopg
 from .. import queries
 from ..hooks import call_transition_hooks
 from ..jobs import JobState
-from ..outcomes import Finish
+from ..outcomes import GIVE_BACKS_PER_ATTEMPT, GIVEN_BACK, Finish
 
 logger = logging.getLogger("akadze.worker")
 
@@ -72,6 +72,27 @@ async def _execute_finish(
     return {int(str(row[0])) for row in await cur.fetchall()}
 
 
+def _recorded_give_back(finish: Finish) -> bool:
+    return finish.kind == GIVEN_BACK and finish.error is not None
+
+
+async def _execute_give_back(
+    conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish], now: datetime | None
+) -> dict[int, JobState]:
+    """Write recorded give-backs (``give_back_jobs``); the new state of each accepted
+    job (queued, or failed when its give-backs spent its last attempt)."""
+    if not batch:
+        return {}
+    cur = await conn.execute(queries.get("give_back_jobs"), {
+        "ids": _int_array([f.job.id for f in batch]),
+        "run_counts": _int_array([f.job.run_count for f in batch]),
+        "errors": [f.error for f in batch],
+        "cap": GIVE_BACKS_PER_ATTEMPT,
+        "now": now,
+    }, prepare=False)
+    return {int(str(row[0])): JobState(row[1]) for row in await cur.fetchall()}
+
+
 async def write(
     conn: psycopg.AsyncConnection[Any],
     batch: Sequence[Finish],
@@ -89,29 +110,35 @@ async def write(
     """
     if not batch:
         return set()
+    given = [f for f in batch if _recorded_give_back(f)]
     plain = [f for f in batch if f.state is JobState.SUCCEEDED]
-    other = [f for f in batch if f.state is not JobState.SUCCEEDED]
-    if not hooks and not (plain and other):
+    other = [f for f in batch if f.state is not JobState.SUCCEEDED and not _recorded_give_back(f)]
+    if not hooks and not given and not (plain and other):
         # One kind only: one statement in its own (autocommit) transaction.
         return await _execute_finish(conn, plain or other, now)
+    if not hooks and not plain and not other:
+        return set(await _execute_give_back(conn, given, now))
     async with conn.transaction():
         accepted = await _execute_finish(conn, plain, now)
         accepted |= await _execute_finish(conn, other, now)
+        gave_back = await _execute_give_back(conn, given, now)
+        accepted |= set(gave_back)
         for finish in batch:
             if finish.job.id not in accepted:
                 continue
+            to_state = gave_back.get(finish.job.id, finish.state).value
             for hook in hooks:
                 try:
                     async with conn.transaction():
                         await call_transition_hooks(
-                            [hook], conn, finish.job, "running", finish.state.value
+                            [hook], conn, finish.job, "running", to_state
                         )
                 except psycopg.OperationalError:
                     raise
                 except Exception as exc:
                     logger.error(
                         "on_transition hook %s failed for job %d (running -> %s): %s",
-                        getattr(hook, "__name__", hook), finish.job.id, finish.state.value,
+                        getattr(hook, "__name__", hook), finish.job.id, to_state,
                         exc, extra={"job_id": finish.job.id}, exc_info=exc,
                     )
     return accepted

@@ -40,17 +40,36 @@ async def heartbeat(
     pid: int,
     queues: Sequence[str],
     lease: float,
+    tasks: Sequence[str] = (),
     now: datetime | None = None,
 ) -> bool:
-    """Register or renew the lease of ``worker_id``; True when its row had to be
-    created (first heartbeat, or the worker had been presumed dead)."""
+    """Register or renew the lease of ``worker_id`` (with the names of the ``tasks`` it
+    runs); True when its row had to be created (first heartbeat, or the worker had been
+    presumed dead)."""
     cur = await conn.execute(
         queries.get("worker_heartbeat"),
-        {"id": worker_id, "host": host, "pid": pid, "queues": list(queues), "lease": lease,
-         "now": now},
+        {"id": worker_id, "host": host, "pid": pid, "queues": list(queues),
+         "tasks": list(tasks), "lease": lease, "now": now},
     )
     row = await cur.fetchone()
     return bool(row and row[0])
+
+
+#: Ready jobs read per ready index and queue by :func:`unserved_tasks`.
+UNSERVED_SAMPLE = 200
+
+
+async def unserved_tasks(
+    conn: psycopg.AsyncConnection[Any], *, queues: Sequence[str], tasks: Sequence[str],
+    now: datetime | None = None,
+) -> list[tuple[str, str, int]]:
+    """``(queue, task, ready jobs seen)`` for the tasks of ready jobs at the head of
+    ``queues`` that no live worker of the queue runs (this one runs ``tasks``)."""
+    cur = await conn.execute(
+        queries.get("worker_unserved_tasks"),
+        {"queues": list(queues), "tasks": list(tasks), "sample": UNSERVED_SAMPLE, "now": now},
+    )
+    return [(str(q), str(t), int(n)) for q, t, n in await cur.fetchall()]
 
 
 async def check_schema(conn: psycopg.AsyncConnection[Any], url: str) -> None:
@@ -81,6 +100,7 @@ class LeaseKeeper:
         self._on_fence = on_fence
         self._on_unfence = on_unfence
         self._fence_timer: asyncio.TimerHandle | None = None
+        self._warned: set[tuple[str, str]] = set()
         #: Set after the first heartbeat attempt, whether it worked or not.
         self.tried = asyncio.Event()
 
@@ -93,13 +113,35 @@ class LeaseKeeper:
             inserted = await heartbeat(
                 conn, worker_id=settings.worker_id, host=socket.gethostname(),
                 pid=os.getpid(), queues=settings.queues, lease=settings.lease,
-                now=settings.sql_now(),
+                tasks=settings.task_names, now=settings.sql_now(),
             )
+            await self._warn_unserved(conn)
         if inserted and self._state.registered.is_set():
             logger.warning(
                 "worker %s: its lease had expired and it was presumed dead; registered again "
                 "(jobs rescued meanwhile will not be finished by it)", settings.worker_id)
         self._state.registered.set()
+
+    async def _warn_unserved(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Warn, once per queue and task, about ready jobs that no live worker runs."""
+        settings = self._settings
+        try:
+            found = await unserved_tasks(conn, queues=settings.queues,
+                                         tasks=settings.task_names, now=settings.sql_now())
+        except psycopg.Error as exc:  # only a warning is lost; the lease was renewed
+            logger.debug("could not look for jobs of tasks nobody runs: %s", exc)
+            return
+        for queue, task, count in found:
+            if (queue, task) in self._warned:
+                continue
+            self._warned.add((queue, task))
+            logger.warning(
+                "queue %r has ready jobs of task %r (%d%s at the head of the queue) that no "
+                "live worker of the queue runs: they wait until a worker whose app registers "
+                "that task serves the queue (this worker runs %s)", queue, task, count,
+                "+" if count >= UNSERVED_SAMPLE else "", ", ".join(settings.task_names),
+                extra={"queue": queue, "task": task, "worker_id": settings.worker_id},
+            )
 
     async def unregister(self) -> None:
         async with self._connections.connection() as conn:

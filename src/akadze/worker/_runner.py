@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -74,6 +75,22 @@ class Runner:
         self._runtime = runtime
         self._submit = submit
         self._executor: ThreadPoolExecutor | None = None
+        self._in_threads = 0
+        self._threads_lock = threading.Lock()
+
+    @property
+    def threads_running(self) -> int:
+        """Plain task functions running in threads right now (given-back ones too)."""
+        return self._in_threads
+
+    def _in_thread(self, call: Callable[[], object]) -> object:
+        with self._threads_lock:
+            self._in_threads += 1
+        try:
+            return call()
+        finally:
+            with self._threads_lock:
+                self._in_threads -= 1
 
     def open(self) -> None:
         if self._settings.any_plain_task:
@@ -125,8 +142,11 @@ class Runner:
         """Give back every run whose outcome is not decided yet (shutdown, fencing);
         return their job ids."""
         unfinished = [run for run in self._state.running.values() if not run.recorded]
+        reason = (f"worker {self._settings.worker_id} "
+                  + ("could not renew its lease" if self._state.fenced else "was stopped"))
+        at = self._settings.wall_now()
         for run in unfinished:
-            self._abandon(run, outcomes.given_back(run.job), "give_back")
+            self._abandon(run, outcomes.given_back(run.job, at, reason), "give_back")
         return [run.job.id for run in unfinished]
 
     def interrupted_tasks(self) -> list[asyncio.Task[None]]:
@@ -238,7 +258,8 @@ class Runner:
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
         future = loop.run_in_executor(
-            self._executor, context.run, functools.partial(run.task.fn, **kwargs))
+            self._executor, self._in_thread,
+            functools.partial(context.run, functools.partial(run.task.fn, **kwargs)))
         try:
             if run.task.timeout is None:
                 return await asyncio.shield(future)

@@ -152,6 +152,13 @@ class Worker:
         """How many jobs run right now."""
         return len(self._state.running)
 
+    @property
+    def threads_running(self) -> int:
+        """How many plain (non-async) task functions are still running in threads.
+        After :meth:`run` returns these are runs that were given back: a thread cannot
+        be interrupted, so the function goes on while its job is queued again."""
+        return self._runner.threads_running
+
     def stop(self) -> None:
         """Ask the worker to stop: the first call is graceful (stop claiming, wait up to
         ``shutdown_timeout`` for running jobs, give the rest back); a second call stops

@@ -51,7 +51,12 @@ WITH j AS (
             WHERE x ->> 'error' = 'WorkerLost') AS rescues,
            (SELECT count(*) FROM jsonb_array_elements(j.errors) x
             WHERE x ->> 'message' LIKE 'injected failure%%') AS injected,
-           jsonb_array_length(j.errors) AS error_entries
+           -- entries of spent attempts: a give-back that refunded its attempt is
+           -- recorded too ("GivenBack", spent false) but spends nothing
+           (SELECT count(*) FROM jsonb_array_elements(j.errors) x
+            WHERE NOT (x ->> 'error' = 'GivenBack' AND x ->> 'spent' = 'false'))
+               AS error_entries,
+           jsonb_array_length(j.errors) AS all_entries
     FROM akadze.jobs j
     WHERE j.task = 'fault.work'
 )
@@ -66,7 +71,7 @@ SELECT
     coalesce(sum(rescues), 0),
     coalesce(sum(injected), 0),
     coalesce(sum(error_entries - rescues - injected), 0),
-    count(*) FILTER (WHERE error_entries < 20 AND (
+    count(*) FILTER (WHERE all_entries < 20 AND (  -- none dropped (append_error keeps 20)
         (state = 'succeeded' AND attempt - 1 <> error_entries)
         OR (state = 'failed' AND attempt <> error_entries))),
     count(*) FILTER (WHERE run_count > 1 + injected)
@@ -78,6 +83,7 @@ SELECT x ->> 'error', left(x ->> 'message', 120), count(*)
 FROM akadze.jobs j, jsonb_array_elements(j.errors) x
 WHERE j.task = 'fault.work' AND x ->> 'error' <> 'WorkerLost'
   AND x ->> 'message' NOT LIKE 'injected failure%%'
+  AND NOT (x ->> 'error' = 'GivenBack' AND x ->> 'spent' = 'false')
 GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 10;
 
 -- name: fault_start_violations

@@ -122,6 +122,31 @@ FROM akadze.jobs
 WHERE state = 'queued' AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
 GROUP BY queue;
 
+-- name: queue_unserved_tasks
+-- Ready jobs of tasks that no live worker of their queue runs, per queue and task:
+-- every claim passes them over, so they would wait in silence. Only queues that some
+-- live worker serves (with none at all, every ready job waits, as the ready count and
+-- the lag show) and that are not paused. A worker of an older akadze (tasks NULL) may
+-- run anything. Counts the ready rows per task first (one pass over the queued rows,
+-- like queue_ready), then looks at the few workers per (queue, task).
+WITH ready AS (
+    SELECT queue, task, count(*) AS jobs
+    FROM akadze.jobs
+    WHERE state = 'queued' AND run_at <= coalesce(%(now)s::timestamptz, now())
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    GROUP BY queue, task
+), live AS (
+    SELECT w.queues, w.tasks FROM akadze.workers AS w
+    WHERE w.heartbeat_at + w.lease >= coalesce(%(now)s::timestamptz, now())
+)
+SELECT r.queue, r.task, r.jobs
+FROM ready AS r
+WHERE EXISTS (SELECT 1 FROM live WHERE r.queue = ANY (live.queues))
+  AND NOT EXISTS (SELECT 1 FROM live WHERE r.queue = ANY (live.queues)
+                                      AND (live.tasks IS NULL OR r.task = ANY (live.tasks)))
+  AND NOT EXISTS (SELECT 1 FROM akadze.queue_pauses AS p WHERE p.queue = r.queue)
+ORDER BY r.queue, r.task;
+
 -- name: queue_pauses_list
 SELECT queue, paused_at FROM akadze.queue_pauses
 WHERE %(queue)s::text IS NULL OR queue = %(queue)s::text;

@@ -5,13 +5,49 @@
 -- Register or refresh this worker's lease. An upsert, so a worker whose row was
 -- deleted (presumed dead while it could not reach the database) registers again;
 -- "inserted" tells it so (its running jobs may have been rescued: fencing decides).
-INSERT INTO akadze.workers AS w (id, host, pid, queues, lease, started_at, heartbeat_at)
-VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s::text[],
+-- tasks: the names of the tasks it runs (worker_unserved_tasks, queue_unserved_tasks).
+INSERT INTO akadze.workers AS w (id, host, pid, queues, tasks, lease, started_at, heartbeat_at)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s::text[], %(tasks)s::text[],
         %(lease)s * interval '1 second',
         coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (id) DO UPDATE
-    SET heartbeat_at = excluded.heartbeat_at, lease = excluded.lease, queues = excluded.queues
+    SET heartbeat_at = excluded.heartbeat_at, lease = excluded.lease, queues = excluded.queues,
+        tasks = excluded.tasks
 RETURNING (xmax = 0) AS inserted;
+
+-- name: worker_unserved_tasks
+-- After a heartbeat: the tasks of ready jobs at the head of this worker's queues that
+-- no live worker of the queue runs (a worker of an older akadze, tasks NULL, may run
+-- anything; this worker counts as live with %(tasks)s). Every claim passes such jobs
+-- over, so they stay at the head while the rest of the queue moves on: reading the
+-- first %(sample)s ready jobs of each ready index (free and limited keys) in claim
+-- order finds them, at a bounded cost however deep the backlog. Paused queues are
+-- left out (nothing runs there anyway).
+SELECT q.queue, h.task, count(*)
+FROM unnest(%(queues)s::text[]) AS q(queue)
+CROSS JOIN LATERAL (
+    (SELECT j.task FROM akadze.jobs AS j
+     WHERE j.queue = q.queue AND j.state = 'queued' AND NOT j.limited
+       AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+     ORDER BY j.priority DESC, j.run_at, j.id
+     LIMIT %(sample)s)
+    UNION ALL
+    (SELECT j.task FROM akadze.jobs AS j
+     WHERE j.queue = q.queue AND j.state = 'queued' AND j.limited
+       AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+     ORDER BY j.priority DESC, j.run_at, j.id
+     LIMIT %(sample)s)
+) AS h
+WHERE h.task <> ALL (%(tasks)s::text[])
+  AND NOT EXISTS (SELECT 1 FROM akadze.queue_pauses AS p WHERE p.queue = q.queue)
+  AND NOT EXISTS (
+      SELECT 1 FROM akadze.workers AS w
+      WHERE w.heartbeat_at + w.lease >= coalesce(%(now)s::timestamptz, now())
+        AND q.queue = ANY (w.queues)
+        AND (w.tasks IS NULL OR h.task = ANY (w.tasks))
+  )
+GROUP BY q.queue, h.task
+ORDER BY q.queue, h.task;
 
 -- name: worker_unregister
 DELETE FROM akadze.workers WHERE id = %(id)s;
@@ -48,6 +84,40 @@ FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(states)s::akadze.job
      AS f(id, run_count, state, attempt_delta, delay, result, error)
 WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
 RETURNING j.id;
+
+-- name: give_back_jobs
+-- Runs handed back unfinished (shutdown, self-fencing), fenced as in finish_jobs,
+-- each recorded in the job's errors (the entry made by outcomes.given_back, with
+-- "spent" added). A give-back keeps the job's place (run_at) and refunds the attempt
+-- the claim counted, %(cap)s times per attempt: given back once more at the same
+-- attempt (a job longer than the workers' shutdown timeout, at every restart), it
+-- spends the attempt, and on its last attempt it fails. The count comes from the
+-- entries of this attempt already recorded (read before the update: a row that
+-- changed meanwhile fails the fence anyway).
+WITH f AS (
+    SELECT f.id, f.run_count, f.error::jsonb AS entry,
+           (SELECT count(*) FROM jsonb_array_elements(j.errors) AS e
+            WHERE e ->> 'error' = 'GivenBack' AND e ->> 'attempt' = j.attempt::text
+           ) >= %(cap)s AS spent
+    FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(errors)s::text[])
+         AS f(id, run_count, error)
+    JOIN akadze.jobs AS j ON j.id = f.id
+)
+UPDATE akadze.jobs AS j
+SET state = CASE WHEN f.spent AND j.attempt >= j.max_attempts
+                 THEN 'failed'::akadze.job_state ELSE 'queued'::akadze.job_state END,
+    attempt = CASE WHEN f.spent THEN j.attempt ELSE j.attempt - 1 END,
+    finished_at = CASE WHEN f.spent AND j.attempt >= j.max_attempts
+                       THEN coalesce(%(now)s::timestamptz, now()) END,
+    errors = akadze.append_error(j.errors, f.entry || CASE WHEN f.spent THEN jsonb_build_object(
+        'spent', true,
+        'message', (f.entry ->> 'message') || format(
+            '; given back %%s times at this attempt: the attempt is spent', %(cap)s + 1))
+        ELSE jsonb_build_object('spent', false) END),
+    worker_id = NULL
+FROM f
+WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
+RETURNING j.id, j.state;
 
 -- name: finish_succeeded
 -- The common case of finish_jobs alone (runs that returned), without the CASEs
