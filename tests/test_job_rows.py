@@ -78,18 +78,22 @@ def test_rows_are_read_by_name_whatever_the_column_order(conn: Conn) -> None:
         "q", "t", "k", {"m": 1}, 0)
     assert state is JobState.QUEUED
     # ... and a claim hands out the same record
-    assert claim(conn, queue="q", slots=1) == [
+    assert job.claim_token is None
+    claimed = claim(conn, queue="q", slots=1)
+    started_at, token = claim_started(conn)
+    assert token is not None
+    assert claimed == [
         dataclasses.replace(job, run_count=1, attempt=1, worker_id=None,
-                            started_at=claim_started(conn))]
+                            started_at=started_at, claim_token=token)]
 
 
-def claim_started(conn: Conn) -> Any:
-    row = conn.execute("SELECT started_at FROM akadze.jobs").fetchone()
+def claim_started(conn: Conn) -> tuple[Any, Any]:
+    row = conn.execute("SELECT started_at, claim_token FROM akadze.jobs").fetchone()
     assert row is not None
-    return row[0]
+    return row[0], row[1]
 
 
 def test_a_row_without_a_job_column_is_refused_by_name(conn: Conn) -> None:
-    with pytest.raises(RuntimeError, match=r"lacks the columns \['started_at'\]"):
+    with pytest.raises(RuntimeError, match=r"lacks the columns \['claim_token'\]"):
         conn.cursor(row_factory=job_rows).execute(
             "SELECT " + ", ".join(JOB_COLUMNS[:-1]) + " FROM akadze.jobs")

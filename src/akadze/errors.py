@@ -88,6 +88,7 @@ class WorkerError(AkadzeError):
 
 
 class JobLost(AkadzeError):
-    """A run lost its job: it was cancelled, timed out, given back or rescued after a lost
-    lease, so the run's fencing token (``run_count``) no longer matches and its writes
-    were discarded."""
+    """A run lost its job: it was cancelled, timed out, given back, rescued after a lost
+    lease, or claimed again after a server crash or failover undid its claim, so the
+    run's fencing token (its claim token) no longer matches and its writes were
+    discarded."""

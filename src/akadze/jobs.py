@@ -35,8 +35,11 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 class ClaimedJob:
     """A job handed to a worker by a claim.
 
-    ``run_count`` is the fencing token of this run: a finish is accepted only when
-    the row still carries it.
+    ``claim_token`` is the fencing token of this run: a random value the claim wrote,
+    which no crash or failover can hand out again; a finish is accepted only while
+    the row still carries it. ``run_count`` counts the job's runs (a crash that undid a
+    claim can give the next run the same count). A job claimed before migration 0007
+    has no token (None) and is fenced by ``run_count``.
     """
 
     id: int
@@ -54,6 +57,7 @@ class ClaimedJob:
     expires_at: datetime | None = None
     worker_id: str | None = None
     started_at: datetime | None = None
+    claim_token: int | None = None
 
 
 @dataclass(frozen=True)

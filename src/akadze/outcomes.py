@@ -92,7 +92,7 @@ SUCCEEDED, RETRIED, SNOOZED, FAILED, CANCELLED, GIVEN_BACK = (
 
 @dataclass(slots=True)
 class Finish:
-    """One row change ending a run, fenced by ``run_count``.
+    """One row change ending a run, fenced by the run's claim token.
 
     ``delay`` (seconds from now) sets a new ``run_at``; None keeps the old one (a
     give-back keeps the job's place). ``attempt_delta`` is -1 when the run does not

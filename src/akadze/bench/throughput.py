@@ -189,7 +189,7 @@ def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput]
         "- Throughput: the backlog is inserted and analyzed first; the clock runs from the "
         "worker's start (connections included) until the last outcome is written. Claims "
         "take every free slot in one call; outcomes are written many per statement, each "
-        "row fenced by `run_count`.",
+        "row fenced by its claim token.",
         "- Claims commit with `synchronous_commit = off` (the default, "
         "`durable_claims=False`); outcome writes commit durably (they wait for the WAL "
         "flush). See docs/explanation/job-states.md.",

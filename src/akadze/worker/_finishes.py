@@ -26,6 +26,20 @@ def _int_array(values: Sequence[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def _token_array(values: Sequence[int | None]) -> str:
+    """Claim tokens as an array literal (NULL: a run claimed before migration 0007)."""
+    return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+
+
+def fence_params(batch: Sequence[Finish]) -> dict[str, str]:
+    """The parameters of ``run_fence`` (worker.sql) for ``batch``: which run each is."""
+    return {
+        "ids": _int_array([f.job.id for f in batch]),
+        "tokens": _token_array([f.job.claim_token for f in batch]),
+        "run_counts": _int_array([f.job.run_count for f in batch]),
+    }
+
+
 def _float_array(values: Sequence[float | None]) -> str:
     return "{" + ",".join("NULL" if v is None else repr(float(v)) for v in values) + "}"
 
@@ -38,8 +52,7 @@ def _text_array(values: Sequence[str | None]) -> list[str | None] | str:
 def finish_params(batch: Sequence[Finish], now: datetime | None) -> dict[str, Any]:
     """The array parameters of ``finish_jobs`` for ``batch``."""
     return {
-        "ids": _int_array([f.job.id for f in batch]),
-        "run_counts": _int_array([f.job.run_count for f in batch]),
+        **fence_params(batch),
         # state names are fixed identifiers: safe in a literal
         "states": "{" + ",".join(f.state.value for f in batch) + "}",
         "attempt_deltas": _int_array([f.attempt_delta for f in batch]),
@@ -60,8 +73,7 @@ async def _execute_finish(
         return set()
     if all(f.state is JobState.SUCCEEDED for f in batch):
         params: dict[str, Any] = {
-            "ids": _int_array([f.job.id for f in batch]),
-            "run_counts": _int_array([f.job.run_count for f in batch]),
+            **fence_params(batch),
             "results": _text_array([f.result for f in batch]),
             "now": now,
         }
@@ -84,8 +96,7 @@ async def _execute_give_back(
     if not batch:
         return {}
     cur = await conn.execute(queries.get("give_back_jobs"), {
-        "ids": _int_array([f.job.id for f in batch]),
-        "run_counts": _int_array([f.job.run_count for f in batch]),
+        **fence_params(batch),
         "errors": [f.error for f in batch],
         "cap": GIVE_BACKS_PER_ATTEMPT,
         "now": now,

@@ -2,7 +2,7 @@
 
 The runner hands each decided finish to :meth:`OutcomeFlusher.submit`; the flush
 loop writes what is pending, many finishes per statement (``_finishes.write``),
-each row fenced by ``run_count``, and reports what the fence refused (those runs'
+each row fenced by its claim token, and reports what the fence refused (those runs'
 outcomes are lost: the job is no longer theirs). After a retry or a snooze is
 written, ``on_due`` learns when the job will be ready again.
 

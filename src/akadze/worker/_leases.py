@@ -4,7 +4,7 @@ A worker renews its row every third of its lease. Any worker presumes a worker
 whose heartbeat is older than its lease dead and rescues its running jobs
 (:mod:`._maintenance`). A worker that cannot renew its own lease for a whole
 lease stops claiming and gives its jobs back (self-fencing: ``on_fence``; once a
-heartbeat works again, ``on_unfence``), and ``run_count`` fencing discards
+heartbeat works again, ``on_unfence``), and claim-token fencing discards
 anything it would still try to finish.
 
 It changes ``state.registered`` and ``state.fenced``.
@@ -25,7 +25,7 @@ import psycopg
 from .. import backoff, queries
 from ..database import describe
 from ..errors import WorkerError
-from ..migrate import latest_version
+from ..migrate import available
 from ._connections import Connections
 from ._state import WorkerState
 
@@ -73,19 +73,22 @@ async def unserved_tasks(
 
 
 async def check_schema(conn: psycopg.AsyncConnection[Any], url: str) -> None:
-    """WorkerError unless the database has akadze's schema at this version."""
+    """WorkerError unless the database has every migration of this akadze (a number
+    can land after higher ones: 0007 came after 0009, so the highest is not enough)."""
     try:
-        cur = await conn.execute("SELECT max(version) FROM akadze.migrations")
-        row = await cur.fetchone()
+        cur = await conn.execute("SELECT version FROM akadze.migrations")
+        applied = {int(str(row[0])) for row in await cur.fetchall()}
     except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
         raise WorkerError(
             f"the database {describe(url)} has no akadze schema: run `akadze migrate`"
         ) from None
-    version = int(str(row[0])) if row and row[0] is not None else 0
-    if version < latest_version():
+    missing = [m.version for m in available() if m.version not in applied]
+    if missing:
         raise WorkerError(
-            f"the database schema is at version {version} and this worker needs "
-            f"{latest_version()}: run `akadze migrate`"
+            f"the database schema is at version {max(applied, default=0)} and lacks "
+            f"migration{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(f'{v:04d}' for v in missing)} that this worker needs: "
+            "run `akadze migrate`"
         )
 
 

@@ -72,7 +72,7 @@ class RunContext:
 
     Attributes: ``job`` (the :class:`~akadze.ClaimedJob`), ``id``, ``task``,
     ``queue``, ``attempt`` (1 on the first run), ``max_attempts``, ``run_count``
-    (the fencing token), ``meta``, ``limit_key``, ``worker_id``.
+    (how many runs the job had, this one included), ``meta``, ``limit_key``, ``worker_id``.
 
     ``cancel_requested`` turns true when someone asked to cancel the job while it
     runs; ``should_stop`` also turns true when the run was given up for another
@@ -121,7 +121,7 @@ class RunContext:
         ``async with current().complete_tx() as conn:`` in an async task (``conn`` is
         a psycopg AsyncConnection), ``with current().complete_tx() as conn:`` in a
         plain one. Enqueue follow-up jobs with ``task.using(session=conn)``. The move
-        is fenced by ``run_count``: when the job was lost meanwhile (rescued after a
+        is fenced by the run's claim token: when the job was lost meanwhile (rescued after a
         lost lease, cancelled, timed out), everything in the block is rolled back and
         :class:`~akadze.errors.JobLost` is raised.
         """
@@ -134,8 +134,9 @@ class RunContext:
 
 def _fence_failed(run: RunContext) -> JobLost:
     return JobLost(
-        f"job {run.id} is no longer this run's (run_count {run.run_count}): it was "
-        "cancelled, timed out or rescued; the transaction was rolled back"
+        f"job {run.id} is no longer this run's (run {run.run_count}): it was cancelled, "
+        "timed out, rescued, or claimed again after its claim was lost; the transaction "
+        "was rolled back"
     )
 
 
@@ -164,7 +165,8 @@ def _commit_steps(run: RunContext, result: str | None) -> Generator[_Step, Any, 
     fenced move to succeeded, then the transition hooks. Raises JobLost (so that
     the transaction rolls back) when the fence fails."""
     row = yield _Fetch(queries.get("finish_one"), {
-        "id": run.id, "run_count": run.run_count, "result": result,
+        "id": run.id, "claim_token": run.job.claim_token, "run_count": run.run_count,
+        "result": result,
         "now": run._runtime.sql_now(),
     })
     if row is None:

@@ -5,12 +5,13 @@
 -- fields are these columns), akadze.overview into a JobSummary (whole, or listed).
 
 -- fragment: job_columns
--- A ClaimedJob: what the claim, rescue, cancel and requeue return. run_count is
--- the fencing token of the run. Queries that also need the job's state add
--- ", j.state" on the line after the include.
+-- A ClaimedJob: what the claim, rescue, cancel and requeue return. claim_token is
+-- the fencing token of the run (random per claim, migration 0007); run_count counts
+-- runs. Queries that also need the job's state add ", j.state" on the line after
+-- the include.
 j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
 j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-j.started_at
+j.started_at, j.claim_token
 
 -- fragment: job_summary_columns
 -- A JobSummary, read by name: the job as stored but the three columns that can be

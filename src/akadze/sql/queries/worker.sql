@@ -58,12 +58,22 @@ DELETE FROM akadze.workers WHERE id = %(id)s;
 SELECT id FROM akadze.jobs
 WHERE worker_id = %(worker_id)s AND state = 'running' AND cancel_requested;
 
+-- fragment: run_fence
+-- The fence of every write that ends a run: the row j is still running under the
+-- claim of the run f (f.claim_token, f.run_count), so that a run that lost the job
+-- (rescued, given back, cancelled, or claimed again after a crash or a failover
+-- undid its claim) cannot overwrite what happened since. The token is random per
+-- claim (migration 0007): a crash that undid a claim cannot hand it out again, as
+-- it can run_count (the next claim recomputes the same count from the undone row).
+-- A run claimed before 0007 has no token and falls back on run_count; a row that
+-- has a token never matches a run without one, and the other way round.
+j.state = 'running'
+AND (j.claim_token = f.claim_token
+     OR (j.claim_token IS NULL AND f.claim_token IS NULL AND j.run_count = f.run_count))
+
 -- name: finish_jobs
 -- Many run outcomes in one statement, one array element per job. Each row is
--- fenced: it changes only while it is still the same run (run_count) and still
--- running, so a worker that lost a job (rescued, given back, cancelled) cannot
--- overwrite what happened since. Rows that fail the fence are simply absent from
--- RETURNING.
+-- fenced (run_fence). Rows that fail the fence are simply absent from RETURNING.
 --   delay NULL keeps run_at (a give-back keeps its place in the queue);
 --   attempt_delta -1 refunds the attempt the claim counted (snooze, give-back);
 --   error NULL leaves errors unchanged.
@@ -78,15 +88,16 @@ SET state = f.state,
     finished_at = CASE WHEN f.state IN ('succeeded', 'failed', 'cancelled')
                        THEN coalesce(%(now)s::timestamptz, now()) END,
     worker_id = CASE WHEN f.state = 'queued' THEN NULL ELSE j.worker_id END
-FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(states)s::akadze.job_state[],
-            %(attempt_deltas)s::integer[], %(delays)s::float8[], %(results)s::text[],
-            %(errors)s::text[])
-     AS f(id, run_count, state, attempt_delta, delay, result, error)
-WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(run_counts)s::integer[],
+            %(states)s::akadze.job_state[], %(attempt_deltas)s::integer[],
+            %(delays)s::float8[], %(results)s::text[], %(errors)s::text[])
+     AS f(id, claim_token, run_count, state, attempt_delta, delay, result, error)
+WHERE j.id = f.id AND
+-- include: run_fence
 RETURNING j.id;
 
 -- name: give_back_jobs
--- Runs handed back unfinished (shutdown, self-fencing), fenced as in finish_jobs,
+-- Runs handed back unfinished (shutdown, self-fencing), fenced (run_fence),
 -- each recorded in the job's errors (the entry made by outcomes.given_back, with
 -- "spent" added). A give-back keeps the job's place (run_at) and refunds the attempt
 -- the claim counted, %(cap)s times per attempt: given back once more at the same
@@ -95,12 +106,13 @@ RETURNING j.id;
 -- entries of this attempt already recorded (read before the update: a row that
 -- changed meanwhile fails the fence anyway).
 WITH f AS (
-    SELECT f.id, f.run_count, f.error::jsonb AS entry,
+    SELECT f.id, f.claim_token, f.run_count, f.error::jsonb AS entry,
            (SELECT count(*) FROM jsonb_array_elements(j.errors) AS e
             WHERE e ->> 'error' = 'GivenBack' AND e ->> 'attempt' = j.attempt::text
            ) >= %(cap)s AS spent
-    FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(errors)s::text[])
-         AS f(id, run_count, error)
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(run_counts)s::integer[],
+                %(errors)s::text[])
+         AS f(id, claim_token, run_count, error)
     JOIN akadze.jobs AS j ON j.id = f.id
 )
 UPDATE akadze.jobs AS j
@@ -116,7 +128,8 @@ SET state = CASE WHEN f.spent AND j.attempt >= j.max_attempts
         ELSE jsonb_build_object('spent', false) END),
     worker_id = NULL
 FROM f
-WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
+WHERE j.id = f.id AND
+-- include: run_fence
 RETURNING j.id, j.state;
 
 -- name: finish_succeeded
@@ -126,9 +139,11 @@ UPDATE akadze.jobs AS j
 SET state = 'succeeded',
     result = f.result::jsonb,
     finished_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(results)s::text[])
-     AS f(id, run_count, result)
-WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(run_counts)s::integer[],
+            %(results)s::text[])
+     AS f(id, claim_token, run_count, result)
+WHERE j.id = f.id AND
+-- include: run_fence
 RETURNING j.id;
 
 -- name: finish_one
@@ -138,7 +153,10 @@ UPDATE akadze.jobs AS j
 SET state = 'succeeded',
     result = %(result)s::jsonb,
     finished_at = coalesce(%(now)s::timestamptz, now())
-WHERE j.id = %(id)s AND j.run_count = %(run_count)s AND j.state = 'running'
+FROM (VALUES (%(id)s::bigint, %(claim_token)s::bigint, %(run_count)s::integer))
+     AS f(id, claim_token, run_count)
+WHERE j.id = f.id AND
+-- include: run_fence
 RETURNING j.id;
 
 -- name: rescue_expired
@@ -148,7 +166,10 @@ RETURNING j.id;
 -- started longer than orphan_grace ago). The run is spent: back to 'queued'
 -- keeping the original run_at (its place in the queue), or 'failed' on the last
 -- attempt. Rows locked by a finishing worker are skipped (SKIP LOCKED); they are
--- finished, or orphans next time.
+-- finished, or orphans next time. The entry records which run was rescued (its
+-- run_count and claim token), and the token is cleared: the rescued run is fenced
+-- out even before the job is claimed again, and a worker that checks its runs after
+-- reconnecting (worker_runs_lost) sees that it lost this one.
 WITH dead AS (
     DELETE FROM akadze.workers AS w
     WHERE w.heartbeat_at + w.lease < coalesce(%(now)s::timestamptz, now())
@@ -176,8 +197,12 @@ SET state = CASE WHEN j.attempt >= j.max_attempts
         'at', coalesce(%(now)s::timestamptz, now()),
         'error', 'WorkerLost',
         'message', 'worker ' || coalesce(j.worker_id, '(none)')
-                   || ' stopped renewing its lease; the run was abandoned')),
-    worker_id = NULL
+                   || ' stopped renewing its lease; the run was abandoned',
+        'run_count', j.run_count,
+        -- as text: a 64-bit integer does not survive every JSON reader
+        'claim_token', j.claim_token::text)),
+    worker_id = NULL,
+    claim_token = NULL
 FROM lost
 WHERE j.id = lost.id
 RETURNING
