@@ -184,3 +184,49 @@ async def test_a_worker_whose_claim_a_crash_undid_does_not_finish_the_job(
     assert len(lost) == 1 and f"job {ids[1]} is no longer this run's" in lost[0]
     discarded = [i for e in events.seen if e.kind == "outcomes_written" for i in e.discarded]
     assert discarded == [ids[0]]
+
+
+async def test_a_worker_that_reconnects_ends_the_runs_it_lost(
+    app: Akadze, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """After its connections were cut, the worker asks the database which of its runs
+    are still claimed by them: the run whose claim was undone (and the job claimed
+    again elsewhere) is ended at once and its outcome never written; the other run
+    goes on and finishes."""
+    release = asyncio.Event()
+    interrupted: list[int] = []
+
+    @app.task("t")
+    async def t() -> str:
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            interrupted.append(current().id)
+            raise
+        return "done"
+
+    undone, kept = insert_job(conn, "t"), insert_job(conn, "t")
+    before = image(conn, undone)
+    events = Events()
+    async with Worker(app, poll_interval=0.05, on_event=events, maintenance=False):
+        listening = await events.next("listening")
+        await eventually(lambda: all(job(conn, i)["state"] == "running"
+                                     for i in (undone, kept)), what="both jobs running")
+        undo_claim(conn, undone, before)
+        live = claim_one(conn, "w2")
+        # The connection is lost: the server ends every backend of the worker.
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE application_name LIKE 'akadze-worker%%' AND pid <> pg_backend_pid()")
+        at = await events.next("lost", after=listening)
+        assert events.seen[at].job_ids == (undone,)
+        await eventually(lambda: interrupted == [undone], what="the lost run interrupted")
+        release.set()
+        await eventually(lambda: job(conn, kept)["state"] == "succeeded", what="kept done")
+    row = job(conn, undone)
+    assert (row["state"], row["worker_id"], row["claim_token"], row["result"]) == (
+        "running", "w2", live.claim_token, None)
+    lines = [r.getMessage() for r in caplog.records if f"job {undone} " in r.getMessage()
+             and "lost" in r.getMessage()]
+    assert len(lines) == 1 and "outcome dropped" in lines[0]
+    discarded = [i for e in events.seen if e.kind == "outcomes_written" for i in e.discarded]
+    assert undone not in discarded  # never even sent to the fence

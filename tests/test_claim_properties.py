@@ -7,6 +7,7 @@ in the same order, and leave the same rows, start marks and hook calls behind.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -195,6 +196,13 @@ def run(conn: Conn, case: Case, claim_fn: Callable[..., Any]) -> tuple[Any, ...]
     app.on_transition(lambda c, job, old, new: calls.append((job.id, old, new)))
     got = claim_fn(conn, queue="q", slots=case.slots, fair=case.fair, worker_id="w",
                    tasks=case.tasks, app=app, now=NOW)
+    # Each claim draws its own random claim tokens: every claimed job gets one, the
+    # token on the row is the one returned, and the rest of the records must agree.
+    tokens = dict(conn.execute(
+        "SELECT id, claim_token FROM akadze.jobs WHERE state = 'running'").fetchall())
+    assert all(job.claim_token is not None and tokens[job.id] == job.claim_token
+               for job in got)
+    got = [dataclasses.replace(job, claim_token=None) for job in got]
     return [job.id for job in got], effects(conn), sorted(calls), got
 
 

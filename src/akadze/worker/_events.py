@@ -24,6 +24,7 @@ EventKind = Literal[
     "idle",
     "lease_renewed",
     "fenced",
+    "lost",
     "outcomes_written",
     "stopping",
     "stopped",
@@ -31,7 +32,7 @@ EventKind = Literal[
 
 #: Every kind of event, in the order a worker's life usually shows them.
 EVENT_KINDS: tuple[EventKind, ...] = (
-    "started", "ready", "listening", "claimed", "idle", "lease_renewed", "fenced",
+    "started", "ready", "listening", "claimed", "idle", "lease_renewed", "fenced", "lost",
     "outcomes_written", "stopping", "stopped",
 )
 
@@ -42,9 +43,11 @@ class WorkerEvent:
 
     ``kind`` says what happened (see the table in docs/reference/worker.md);
     ``queue`` is set for ``claimed`` and ``idle``; ``job_ids`` holds the jobs
-    concerned (claimed, given back when fenced, outcomes accepted by the fence);
+    concerned (claimed, given back when fenced, found lost after a reconnect, outcomes
+    accepted by the fence);
     ``discarded`` the jobs whose outcome the fence refused (``outcomes_written``);
-    ``detail`` is ``"graceful"`` or ``"now"`` for ``stopping``.
+    ``detail`` is ``"graceful"`` or ``"now"`` for ``stopping``, and what made the
+    worker check its runs for ``lost``.
     """
 
     kind: EventKind

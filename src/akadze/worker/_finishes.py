@@ -26,7 +26,7 @@ def _int_array(values: Sequence[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
-def _token_array(values: Sequence[int | None]) -> str:
+def token_array(values: Sequence[int | None]) -> str:
     """Claim tokens as an array literal (NULL: a run claimed before migration 0007)."""
     return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
 
@@ -35,7 +35,7 @@ def fence_params(batch: Sequence[Finish]) -> dict[str, str]:
     """The parameters of ``run_fence`` (worker.sql) for ``batch``: which run each is."""
     return {
         "ids": _int_array([f.job.id for f in batch]),
-        "tokens": _token_array([f.job.claim_token for f in batch]),
+        "tokens": token_array([f.job.claim_token for f in batch]),
         "run_counts": _int_array([f.job.run_count for f in batch]),
     }
 

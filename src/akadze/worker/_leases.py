@@ -27,7 +27,8 @@ from ..database import describe
 from ..errors import WorkerError
 from ..migrate import available
 from ._connections import Connections
-from ._state import WorkerState
+from ._ownership import OwnershipCheck
+from ._state import WorkerState, wait_for
 
 logger = logging.getLogger("akadze.worker")
 
@@ -42,18 +43,23 @@ async def heartbeat(
     lease: float,
     tasks: Sequence[str] = (),
     now: datetime | None = None,
-) -> bool:
+) -> tuple[bool, datetime | None]:
     """Register or renew the lease of ``worker_id`` (with the names of the ``tasks`` it
-    runs); True when its row had to be created (first heartbeat, or the worker had been
-    presumed dead)."""
+    runs). Returns whether its row had to be created (first heartbeat, or the worker had
+    been presumed dead), and when the server started."""
     cur = await conn.execute(
         queries.get("worker_heartbeat"),
         {"id": worker_id, "host": host, "pid": pid, "queues": list(queues),
          "tasks": list(tasks), "lease": lease, "now": now},
     )
     row = await cur.fetchone()
-    return bool(row and row[0])
+    if row is None:
+        return False, None
+    return bool(row[0]), row[1]
 
+
+#: How a failing check of the running jobs (:mod:`._ownership`) is reported.
+CHECK_RUNS = "checking running jobs"
 
 #: Ready jobs read per ready index and queue by :func:`unserved_tasks`.
 UNSERVED_SAMPLE = 200
@@ -96,14 +102,21 @@ class LeaseKeeper:
     """Keeps the worker's lease, and fences the worker when it cannot."""
 
     def __init__(self, state: WorkerState, connections: Connections, *,
-                 on_fence: Callable[[], list[int]], on_unfence: Callable[[], None]) -> None:
+                 on_fence: Callable[[], list[int]], on_unfence: Callable[[], None],
+                 ownership: OwnershipCheck | None = None) -> None:
         self._state = state
         self._settings = state.settings
         self._connections = connections
         self._on_fence = on_fence
         self._on_unfence = on_unfence
+        self._ownership = ownership
         self._fence_timer: asyncio.TimerHandle | None = None
         self._warned: set[tuple[str, str]] = set()
+        self._server_started: datetime | None = None
+        #: Set to renew at once (a check of the runs is due).
+        self._renew_now = asyncio.Event()
+        if ownership is not None:
+            ownership.on_wanted = self._renew_now.set
         #: Set after the first heartbeat attempt, whether it worked or not.
         self.tried = asyncio.Event()
 
@@ -113,17 +126,42 @@ class LeaseKeeper:
         async with self._connections.connection() as conn:
             if first:
                 await check_schema(conn, settings.url)
-            inserted = await heartbeat(
+            inserted, server_started = await heartbeat(
                 conn, worker_id=settings.worker_id, host=socket.gethostname(),
                 pid=os.getpid(), queues=settings.queues, lease=settings.lease,
                 tasks=settings.task_names, now=settings.sql_now(),
             )
+            self._noticed(inserted, server_started)
+            if self._ownership is not None:
+                await self._check_runs(conn, self._ownership)
             await self._warn_unserved(conn)
-        if inserted and self._state.registered.is_set():
+        self._state.registered.set()
+
+    def _noticed(self, inserted: bool, server_started: datetime | None) -> None:
+        """What a heartbeat shows about the time since the last one."""
+        settings, ownership = self._settings, self._ownership
+        again = self._state.registered.is_set()
+        if inserted and again:
             logger.warning(
                 "worker %s: its lease had expired and it was presumed dead; registered again "
                 "(jobs rescued meanwhile will not be finished by it)", settings.worker_id)
-        self._state.registered.set()
+            if ownership is not None:
+                ownership.want("its lease had expired")
+        known, self._server_started = self._server_started, server_started
+        if known is not None and server_started != known and ownership is not None:
+            ownership.want("a restart of the server (or a failover)")
+
+    async def _check_runs(self, conn: psycopg.AsyncConnection[Any],
+                          ownership: OwnershipCheck) -> None:
+        """The check of the runs, right after the lease was renewed: its failure is not
+        the heartbeat's (the check stays due and runs after the next renewal)."""
+        where = CHECK_RUNS
+        try:
+            await ownership.run(conn)
+        except psycopg.Error as exc:
+            self._state.trouble.failed(where, exc, self._settings.lease / 3)
+        else:
+            self._state.trouble.recovered(where)
 
     async def _warn_unserved(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Warn, once per queue and task, about ready jobs that no live worker runs."""
@@ -158,6 +196,9 @@ class LeaseKeeper:
         first = True
         while True:
             sent = loop.time()
+            self._renew_now.clear()
+            if state.trouble.failures("heartbeat") and self._ownership is not None:
+                self._ownership.want("the database could not be reached")
             try:
                 async with asyncio.timeout(max(interval, 0.05)):
                     await self.register(first=first)
@@ -172,9 +213,9 @@ class LeaseKeeper:
                 continue
             first = False
             self.tried.set()
-            state.trouble.recovered("heartbeat")
             self._renewed(sent)
-            await asyncio.sleep(interval)
+            state.trouble.recovered("heartbeat")
+            await wait_for(self._renew_now, interval)
 
     def close(self) -> None:
         if self._fence_timer is not None:
@@ -186,8 +227,9 @@ class LeaseKeeper:
         state = self._state
         if self._fence_timer is not None:
             self._fence_timer.cancel()
+        state.lease_until = sent + self._settings.lease
         self._fence_timer = asyncio.get_running_loop().call_at(
-            sent + self._settings.lease, self._self_fence)
+            state.lease_until, self._self_fence)
         state.events.emit("lease_renewed")
         if state.fenced:
             state.fenced = False

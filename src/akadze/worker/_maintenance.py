@@ -117,6 +117,12 @@ class MaintenanceLoop:
         last_prune = loop.time()
         await state.registered.wait()
         while not state.stopping:
+            if not state.lease_held():
+                # Only a worker whose own lease holds takes the lock and rescues: one
+                # that has just reconnected (or is fenced) waits for its renewal, so it
+                # never judges others' leases before its own is settled.
+                await state.sleep(MAINTENANCE_EVERY * state.random.uniform(0.8, 1.2))
+                continue
             prune = loop.time() - last_prune >= PRUNE_EVERY
             try:
                 async with self._connections.connection() as conn:

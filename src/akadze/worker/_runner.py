@@ -138,6 +138,32 @@ class Runner:
                                     "cancellation was requested while it ran")
         self._abandon(run, finish, "cancel")
 
+    def lose(self, job_ids: list[int], why: str) -> list[int]:
+        """The database no longer has these jobs claimed by their runs here (a crash or
+        a failover undid the claim, or the job was rescued): end each run as lost, its
+        outcome dropped and never written, and interrupt it when it is async. Returns
+        the ids of the runs ended (those still going)."""
+        ended = []
+        for job_id in job_ids:
+            run = self._state.running.get(job_id)
+            if run is None or run.recorded:
+                continue
+            run.recorded = True
+            run.ctx.stop_reason = "lost"
+            run.ctx.outcome = "lost"
+            self._state.counts["lost"] += 1
+            ended.append(job_id)
+            logger.warning(
+                "job %d (%s): lost: after %s the database no longer has it claimed by this "
+                "run (its claim was undone by a server crash or failover, or it was "
+                "rescued); the run is ended and its outcome dropped",
+                job_id, run.job.task, why, extra=self._extra(run, outcome="lost"))
+            if run.aio is not None and not run.body_done and run.task.is_async:
+                run.aio.cancel()
+        if ended:
+            self._state.events.emit("lost", job_ids=ended, detail=why)
+        return ended
+
     def give_back_unfinished(self) -> list[int]:
         """Give back every run whose outcome is not decided yet (shutdown, fencing);
         return their job ids."""

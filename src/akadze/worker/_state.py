@@ -69,12 +69,19 @@ class WorkerState:
         self.registered = asyncio.Event()
         #: The lease ran out without a renewal: no claims (the lease keeper's).
         self.fenced = False
+        #: Loop time until which the lease holds at the earliest, as others see it
+        #: (the lease keeper's; 0 before the first renewal).
+        self.lease_until = 0.0
         #: A stop was asked for; ``force``: the second one (the worker's).
         self.stop_requested = asyncio.Event()
         self.force = asyncio.Event()
         self.stopping = False
         #: Set whenever a run ends or outcomes were written (for wait_idle).
         self.settled = asyncio.Event()
+
+    def lease_held(self) -> bool:
+        """Whether this worker's lease holds now (renewed, not run out)."""
+        return not self.fenced and asyncio.get_running_loop().time() < self.lease_until
 
     def unblock(self) -> None:
         """Something that held claiming back changed: let every claim loop look."""

@@ -9,6 +9,7 @@ per attempt.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import psycopg
 import psycopg_pool
@@ -51,6 +52,8 @@ class Trouble:
     def __init__(self, logger: logging.Logger) -> None:
         self._logger = logger
         self._streaks: dict[str, int] = {}
+        #: Called with ``where`` when a failure streak ends (a database call works again).
+        self.on_recovered: Callable[[str], None] | None = None
 
     def failed(self, where: str, exc: BaseException, retry_in: float) -> int:
         """Record a failure of ``where``; return how many in a row."""
@@ -78,6 +81,8 @@ class Trouble:
         if count:
             self._logger.info("%s works again after %d failed attempt%s", where, count,
                               "" if count == 1 else "s", extra={"problem": where})
+            if self.on_recovered is not None:
+                self.on_recovered(where)
 
     def failures(self, where: str) -> int:
         return self._streaks.get(where, 0)

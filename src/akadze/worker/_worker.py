@@ -11,6 +11,8 @@ and call each other only through the callbacks wired here:
   a thread), decides its outcome, ends runs early when asked;
 - :class:`~._flusher.OutcomeFlusher`: writes outcomes in fenced batches;
 - :class:`~._leases.LeaseKeeper`: heartbeat and self-fencing;
+- :class:`~._ownership.OwnershipCheck`: after a lost connection, which runs lost
+  their jobs (checked right after the lease is renewed);
 - :class:`~._cancellation.CancelWatcher`: cancellation requests;
 - :class:`~._maintenance.MaintenanceLoop`: rescue, schedules, pruning;
 - :func:`~._shutdown.shut_down`: the graceful and the forced stop.
@@ -40,8 +42,9 @@ from ._claims import ClaimLoop
 from ._connections import Connections
 from ._events import EventCallback
 from ._flusher import OutcomeFlusher
-from ._leases import LeaseKeeper
+from ._leases import CHECK_RUNS, LeaseKeeper
 from ._maintenance import MaintenanceLoop
+from ._ownership import OwnershipCheck
 from ._runner import Runner, TaskRuntime
 from ._settings import build_settings
 from ._shutdown import shut_down
@@ -123,8 +126,11 @@ class Worker:
         self._flusher = OutcomeFlusher(state, connections, on_due=self._wakeup.due_at)
         self._runner = Runner(state, TaskRuntime(state, connections),
                               submit=self._flusher.submit)
+        self._ownership = OwnershipCheck(state, lose=self._runner.lose)
+        state.trouble.on_recovered = self._reconnected
         self._leases = LeaseKeeper(state, connections, on_fence=self._runner.give_back_unfinished,
-                                   on_unfence=self._wake_all)
+                                   on_unfence=self._wake_all, ownership=self._ownership)
+        self._listened = False
         self._listener: Listener | None = None
         self._cancels = CancelWatcher(state, connections, cancel=self._runner.cancel,
                                       listening=self._listening)
@@ -355,9 +361,18 @@ class Worker:
     def _listening(self) -> bool:
         return self._listener is not None and self._listener.listening
 
+    def _reconnected(self, where: str) -> None:
+        """A database call that had failed works again: the connection may have been
+        lost, and with it claims (a crash) or leases (a partition)."""
+        if where not in ("heartbeat", CHECK_RUNS):  # the lease keeper sees to those
+            self._ownership.want(f"{where} worked again")
+
     def _on_listening(self) -> None:
         # Notifications sent while nobody listened are lost: look at every queue, and
         # at pending cancellations, once.
+        if self._listened:
+            self._ownership.want("the LISTEN connection was made again")
+        self._listened = True
         self._wake_all()
         self._cancels.poll_soon()
         self._state.events.emit("listening")

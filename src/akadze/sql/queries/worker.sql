@@ -10,10 +10,13 @@ INSERT INTO akadze.workers AS w (id, host, pid, queues, tasks, lease, started_at
 VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s::text[], %(tasks)s::text[],
         %(lease)s * interval '1 second',
         coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+-- server_started: when the server started; a new value (a crash and restart, or a
+-- failover to another server) tells the worker that claims it made may have been
+-- undone, even when no statement of its failed (worker_runs_lost).
 ON CONFLICT (id) DO UPDATE
     SET heartbeat_at = excluded.heartbeat_at, lease = excluded.lease, queues = excluded.queues,
         tasks = excluded.tasks
-RETURNING (xmax = 0) AS inserted;
+RETURNING (xmax = 0) AS inserted, pg_postmaster_start_time() AS server_started;
 
 -- name: worker_unserved_tasks
 -- After a heartbeat: the tasks of ready jobs at the head of this worker's queues that
@@ -51,6 +54,26 @@ ORDER BY q.queue, h.task;
 
 -- name: worker_unregister
 DELETE FROM akadze.workers WHERE id = %(id)s;
+
+-- name: worker_runs_lost
+-- After the worker's connection to the server was lost (or the server restarted):
+-- which of its runs (id, claim token, run_count) the database no longer has claimed
+-- by that run. A crash or a failover can undo a claim that committed asynchronously;
+-- a lease that ran out meanwhile let another worker rescue the job. A row that still
+-- carries the run's token is that run's, whatever its state (complete_tx may have
+-- finished it already); a rescue clears the token. Runs claimed before migration 0007
+-- (no token) are matched by run_count and this worker's id, as the fence does.
+SELECT f.id
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(run_counts)s::integer[])
+     AS f(id, claim_token, run_count)
+WHERE NOT EXISTS (
+    SELECT 1 FROM akadze.jobs AS j
+    WHERE j.id = f.id
+      AND (j.claim_token = f.claim_token
+           OR (j.claim_token IS NULL AND f.claim_token IS NULL
+               AND j.run_count = f.run_count AND j.worker_id = %(worker_id)s))
+)
+ORDER BY f.id;
 
 -- name: worker_cancel_requested
 -- The poll fallback of cancellation: this worker's running jobs someone asked to
