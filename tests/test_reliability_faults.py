@@ -15,10 +15,10 @@ import psycopg
 import pytest
 
 from akadze.bench import fault_harness
+from akadze.bench.fault_context import Options
 from akadze.bench.fault_harness import audit, prepare
 from akadze.bench.fault_scenarios import (
     SCENARIO_NAMES,
-    Options,
     ScenarioResult,
     run_scenario,
     scenario,
@@ -73,6 +73,18 @@ def test_a_stopped_worker_cannot_finish_rescued_jobs(server_url: str, tmp_path: 
     assert result.audit.rescued > 0, result.notes
 
 
+def test_a_partitioned_worker_cannot_finish_rescued_jobs(server_url: str,
+                                                        tmp_path: Path) -> None:
+    """Every second worker behind a proxy that stops forwarding (closing nothing) past
+    the lease: the others rescue its jobs (ending its claim that held the queue's turn)
+    and finish them; when the network comes back, nothing it writes lands."""
+    result = run_scenario(scenario("partition"), _options(tmp_path, jobs=600, workers=4),
+                          _admin(server_url))
+    _check(result)
+    assert result.audit.rescued > 0, result.notes
+    assert result.logs["self-fenced"] > 0, result.logs
+
+
 # -- the checkers themselves can fail ---------------------------------------------------
 
 
@@ -85,18 +97,32 @@ def test_the_watch_sees_a_key_over_its_limit_and_a_bad_effect(
                  "FROM generate_series(1, 3) g")
     # Three jobs of a key limited to 2 start in one transaction (not a claim: a bug).
     conn.execute("UPDATE akadze.jobs SET state = 'running', run_count = 1, attempt = 1, "
-                 "started_at = now()")
+                 "started_at = now(), claim_token = 1000 + id")
     ids = [int(r[0]) for r in conn.execute("SELECT id FROM akadze.jobs ORDER BY id")]
-    # Two effects for one job, a stale one for another, none for the third.
-    for job_id, run_count in ((ids[0], 1), (ids[0], 1), (ids[1], 0)):
-        conn.execute("INSERT INTO akadze_fault.effects (job_id, run_count, worker) "
-                     "VALUES (%s, %s, 'w')", (job_id, run_count))
+    # Two effects for one job, one for another written by a run with the same run_count
+    # but another claim token (a claim a crash undid), none for the third.
+    for job_id, token in ((ids[0], 1000 + ids[0]), (ids[0], 1000 + ids[0]), (ids[1], 7)):
+        conn.execute("INSERT INTO akadze_fault.effects (job_id, run_count, worker, claim_token) "
+                     "VALUES (%s, 1, 'w', %s)", (job_id, token))
     conn.execute("UPDATE akadze.jobs SET state = 'succeeded', finished_at = now()")
     found = audit(conn)
     assert found.violations == 3 and found.max_over == 1
     assert found.tx_wrong_effects == 2  # ids[0] has two rows, ids[2] none
     assert found.stale_effects == 1
     assert found.unfinished == 0
+
+
+def test_the_audit_sees_a_result_of_a_superseded_run(conn: psycopg.Connection[Any]) -> None:
+    prepare(conn)
+    # Plain jobs: each result names its run by claim token; the second names a run of
+    # the same run_count that is not the one the job's row carries.
+    conn.execute("INSERT INTO akadze.jobs (queue, task, args, state, run_count, attempt, "
+                 "claim_token, result, finished_at) "
+                 "SELECT 'faults', 'fault.work', '{\"tx\": false}', 'succeeded', 1, 1, t, "
+                 "jsonb_build_object('rc', 1, 'tok', r::text), now() "
+                 "FROM (VALUES (11, 11), (12, 13)) AS v(t, r)")
+    found = audit(conn)
+    assert found.stale_results == 1 and found.stale_effects == 0
 
 
 def test_the_start_rate_check_sees_a_burst(conn: psycopg.Connection[Any]) -> None:

@@ -51,6 +51,7 @@ class Cluster:
     lease: float = 2.5
     poll_interval: float = 0.25
     fair_every: int = 2  # every second worker claims in fair order
+    durable_claims: bool = False
     urls: dict[int, str] = field(default_factory=dict)
     procs: dict[int, WorkerProc] = field(default_factory=dict)
     retired: list[WorkerProc] = field(default_factory=list)
@@ -72,7 +73,10 @@ class Cluster:
                "--worker-id", worker_id, "--log-level", "warning", "--database-url", url]
         if fair:
             cmd.append("--fair")
-        env = dict(os.environ, AKADZE_DATABASE_URL=url, PYTHONUNBUFFERED="1")
+        if self.durable_claims:
+            cmd.append("--durable-claims")
+        env = dict(os.environ, AKADZE_DATABASE_URL=url, PYTHONUNBUFFERED="1",
+                   AKADZE_FAULT_STARTS=str(self.logdir / f"starts-{worker_id}.txt"))
         with log.open("wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)

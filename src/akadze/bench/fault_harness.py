@@ -259,6 +259,7 @@ def log_counts(text: str) -> Counter[str]:
         "lock timeout": "canceling statement due to lock timeout",
         "outcome discarded": "outcome ",
         "run lost its job": "this run lost the job",
+        "lost after reconnect": "the database no longer has it claimed by this run",
         "self-fenced": "could not renew its lease",
         "registered again": "presumed dead; registered again",
         "reply lost, given back": "claimed by a claim whose reply was lost",

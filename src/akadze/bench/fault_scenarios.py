@@ -17,7 +17,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -27,46 +26,13 @@ from psycopg.conninfo import make_conninfo
 from ..claim import claim
 from . import queries
 from .fault_cluster import Cluster
+from .fault_context import Context, Options
 from .fault_harness import Audit, Monitor, Workload, audit, enqueue_workload, log_counts, prepare
+from .fault_outages import crash, failover, partition, partitioned, start_proxy, starts_twice
 from .fault_server import PrivateServer
 from .fault_tasks import QUEUE
 
 Conn = psycopg.Connection[Any]
-
-
-@dataclass
-class Options:
-    jobs: int = 3000
-    workers: int = 4
-    slots: int = 8
-    seed: int = 1
-    lease: float = 2.5
-    recovery_timeout: float = 120.0
-    fault_seconds: float = 8.0  # how long the timed faults last (terminate, timeouts)
-    logdir: Path = Path("/tmp")
-
-
-@dataclass
-class Context:
-    name: str
-    options: Options
-    rng: random.Random
-    url: str
-    server: PrivateServer | None
-    cluster: Cluster
-    monitor: Monitor
-    notes: list[str] = field(default_factory=list)
-    faults: int = 0
-    last_fault: float = 0.0
-    phases: list[tuple[str, ...]] = field(default_factory=list)
-    expected: int = 0  # jobs enqueued in total (a producer may add more while it runs)
-
-    def connect(self) -> Conn:
-        return psycopg.connect(self.url, autocommit=True, application_name="akadze-fault")
-
-    def fault(self) -> None:
-        self.faults += 1
-        self.last_fault = time.monotonic()
 
 
 @dataclass
@@ -216,13 +182,13 @@ def sigstop(ctx: Context) -> None:
             worker = ctx.cluster.procs[index]
             rows = conn.execute(queries.get("fault_worker_jobs"),
                                 {"worker_id": worker.worker_id}).fetchall()
-            ids, rcs = [int(r[0]) for r in rows], [int(r[1]) for r in rows]
+            ids, tokens = [int(r[0]) for r in rows], [r[1] for r in rows]
             ctx.cluster.signal(index, signal.SIGSTOP)
             began = time.monotonic()
             moved = taken = 0
             while time.monotonic() - began < 60:
                 row = conn.execute(queries.get("fault_jobs_moved_on"), {
-                    "ids": ids, "run_counts": rcs, "worker_id": worker.worker_id}).fetchone()
+                    "ids": ids, "tokens": tokens, "worker_id": worker.worker_id}).fetchone()
                 assert row is not None
                 moved, taken = int(row[0]), int(row[1])
                 if moved == len(ids) and (taken > 0 or not ids):
@@ -322,7 +288,7 @@ def _probe(conn: Conn) -> float:
     ms = (time.perf_counter() - began) * 1000
     for job in got:
         conn.execute(queries.get("fault_probe_complete"),
-                     {"id": job.id, "run_count": job.run_count})
+                     {"id": job.id, "claim_token": job.claim_token})
     return ms
 
 
@@ -336,6 +302,9 @@ class Scenario:
     inject: Callable[[Context], None]
     workload: Workload = field(default_factory=Workload)
     urls: Callable[[str, int], dict[int, str]] | None = None
+    durable_claims: bool = False  # the workers run with --durable-claims
+    proxied: bool = False  # every second worker reaches the server through a Proxy
+    private: bool = False  # changes the whole server: only on a private one
 
 
 SCENARIOS = (
@@ -348,6 +317,15 @@ SCENARIOS = (
              workload=Workload(jobs=2000, ms=(1, 5), fail=0.0, tx=0.3, keyed=0.2)),
     Scenario("sigstop", "SIGSTOP past the lease, then SIGCONT (fencing)", sigstop,
              workload=Workload(ms=(150, 600))),
+    Scenario("crash", "server crash (immediate stop, no flush), claims committed "
+             "asynchronously", crash, private=True),
+    Scenario("crash-durable", "server crash (immediate stop, no flush), durable_claims=True",
+             crash, durable_claims=True, private=True),
+    Scenario("failover", "server read-only (a failover seen from an old URL), then "
+             "writable", failover, private=True),
+    Scenario("partition", "connections stop answering past the lease (a paused TCP "
+             "proxy), then resume", partition, workload=Workload(ms=(150, 600)),
+             proxied=True),
 )
 SCENARIO_NAMES = [s.name for s in SCENARIOS]
 
@@ -374,12 +352,21 @@ def run_scenario(scenario: Scenario, options: Options, server: PrivateServer | s
         with psycopg.connect(url, autocommit=True) as conn:
             prepare(conn)
             expected = enqueue_workload(conn, workload, rng)
+        if scenario.private and private is None:
+            raise ValueError(f"the {scenario.name} scenario needs a private server")
         monitor = Monitor(url).start()
+        urls = scenario.urls(url, options.workers) if scenario.urls else {}
+        proxy = None
+        if scenario.proxied:
+            tcp = url if private is None else make_conninfo(
+                private.server.url("postgres", tcp=True), dbname=name)
+            proxy, through = start_proxy(tcp)
+            urls = {i: through for i in range(options.workers) if partitioned(i)}
         cluster = Cluster(url, logdir, workers=options.workers, slots=options.slots,
-                          lease=options.lease,
-                          urls=scenario.urls(url, options.workers) if scenario.urls else {})
+                          lease=options.lease, urls=urls,
+                          durable_claims=scenario.durable_claims)
         ctx = Context(scenario.name, options, rng, url, private, cluster, monitor,
-                      expected=expected)
+                      proxy=proxy, expected=expected)
         began = time.monotonic()
         cluster.start_all()
         try:
@@ -393,8 +380,18 @@ def run_scenario(scenario: Scenario, options: Options, server: PrivateServer | s
             elapsed = time.monotonic() - began
             deaths = len(cluster.dead())
         finally:
+            if proxy is not None:
+                proxy.resume()
             cluster.stop_all()
             monitor.stop()
+            if proxy is not None:
+                proxy.stop()
+        twice, starts = starts_twice(logdir)
+        if twice:
+            ctx.notes.append(
+                f"{twice} of {starts} starts repeated a (job, run_count) that another run had "
+                "started with (claims undone by a crash and made again): the case the claim "
+                "token fences")
         with psycopg.connect(url, autocommit=True) as conn:
             found = audit(conn)
         return ScenarioResult(

@@ -19,7 +19,8 @@ from typing import Any
 import click
 import psycopg
 
-from .fault_scenarios import SCENARIO_NAMES, SCENARIOS, Options, ScenarioResult, run_scenario
+from .fault_context import Options
+from .fault_scenarios import SCENARIO_NAMES, SCENARIOS, ScenarioResult, run_scenario
 from .fault_server import private_server
 
 COLUMNS = ("scenario", "jobs", "faults", "succeeded", "failed", "retried", "rescued",

@@ -36,14 +36,16 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
               help="Seconds a heartbeat keeps this worker alive for the others.")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=10.0,
               show_default=True, help="Seconds running jobs get to finish on SIGINT/SIGTERM.")
+@click.option("--durable-claims", is_flag=True,
+              help="Claims wait for their WAL flush (default: asynchronous commit).")
 @click.option("--worker-id", default=None, help="Name of this worker (default: host:pid:random).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @database_url_option
 def command(
     app_reference: str, queues: tuple[str, ...], slots: int, fair: bool, no_listen: bool,
-    poll_interval: float, lease: float, shutdown_timeout: float, worker_id: str | None,
-    log_level: str, database_url: str | None,
+    poll_interval: float, lease: float, shutdown_timeout: float, durable_claims: bool,
+    worker_id: str | None, log_level: str, database_url: str | None,
 ) -> None:
     """Run a worker for the app MODULE:APP (or PATH.py:APP) until SIGINT or SIGTERM.
 
@@ -58,7 +60,7 @@ def command(
     worker = Worker(
         app, queues=list(queues) or None, slots=slots, fair=fair, listen=not no_listen,
         poll_interval=poll_interval, lease=lease, shutdown_timeout=shutdown_timeout,
-        worker_id=worker_id, database_url=url,
+        worker_id=worker_id, database_url=url, durable_claims=durable_claims,
     )
     log_to_stderr(log_level.upper(), LOG_FORMAT)
     # The pool's own warnings repeat at every reconnect attempt, over two lines; the

@@ -62,10 +62,20 @@ class Connections:
         # crash can only undo a claim whose outcome was not durable yet, so the job
         # runs again, as after any crash during a run. Delivery stays at least once;
         # pick-up does not wait for fsync.
-        claim_kwargs: dict[str, Any] = {"autocommit": True,
-                                        "application_name": APPLICATION_NAME}
+        # A claim's transaction holds the rows of the keys it claims (FOR NO KEY UPDATE)
+        # between its round trips: a claim connection that stops answering mid-claim
+        # (a partitioned network that closes nothing) would block every other worker's
+        # claims of those keys for as long as it lasts. The server ends such a session
+        # once it was idle in a transaction for half a lease (1 s at least), which is
+        # never the case of a claim in progress (its statements go back to back); the
+        # claim rolls back, and the worker's next claim reconciles.
+        idle_ms = int(max(1.0, settings.lease / 2) * 1000)
+        options = f"-c idle_in_transaction_session_timeout={idle_ms}"
         if not settings.durable_claims:
-            claim_kwargs["options"] = "-c synchronous_commit=off"
+            options += " -c synchronous_commit=off"
+        claim_kwargs: dict[str, Any] = {"autocommit": True,
+                                        "application_name": APPLICATION_NAME,
+                                        "options": options}
         self._claim_pool = psycopg_pool.AsyncConnectionPool(
             settings.url, min_size=1, max_size=len(settings.queues) + 1, open=False,
             timeout=timeout,

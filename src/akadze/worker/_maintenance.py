@@ -4,6 +4,8 @@ Every worker ticks periodically; whoever gets the maintenance advisory lock (tak
 without waiting, so nobody queues up behind it) does the round:
 
 - rescue: delete workers whose lease expired and take back their running jobs;
+- end the claims of workers that stopped answering in the middle of a claim (they
+  hold the queue's claim turn: every other claim of the queue would wait);
 - schedules: enqueue the due fires of periodic schedules (``akadze.schedules``);
 - retention: prune old finished jobs (``akadze.retention``), less often.
 
@@ -37,6 +39,7 @@ class Round:
     """What one maintenance round did."""
 
     rescued: list[tuple[int, str]] = field(default_factory=list)  # (job id, new state)
+    ended: list[int] = field(default_factory=list)  # pids of unresponsive claims ended
     scheduled: list[int] = field(default_factory=list)
     pruned: int = 0
 
@@ -71,6 +74,22 @@ async def rescue_expired(
     return rescued
 
 
+async def end_unresponsive_claims(conn: psycopg.AsyncConnection[Any], *,
+                                  after: float) -> list[int]:
+    """End the sessions that hold a queue's claim turn and have waited for their client
+    longer than ``after`` seconds (``end_unresponsive_claims``); their pids."""
+    cur = await conn.execute(queries.get("end_unresponsive_claims"), {"after": after})
+    ended = []
+    for pid, name, waited, _ in await cur.fetchall():
+        ended.append(int(pid))
+        logger.warning(
+            "ended the session %s (%s) that held the claim turn of a queue without answering "
+            "for %.1f s (a worker that stopped answering: a partitioned network or a stopped "
+            "process); its claim rolled back", pid, name, waited,
+            extra={"pid": pid})
+    return ended
+
+
 async def run_round(
     conn: psycopg.AsyncConnection[Any],
     app: Akadze,
@@ -79,24 +98,34 @@ async def run_round(
     sql_now: datetime | None = None,
     orphan_grace: float = 30.0,
     prune: bool = False,
+    idle_limit: float = 30.0,
 ) -> Round | None:
     """One maintenance round if this process gets the lock (else None). ``conn`` is
     an autocommit connection outside any transaction; the lock is released before
-    returning, or with the connection if it breaks."""
-    cur = await conn.execute(queries.get("maintenance_try_lock"))
-    row = await cur.fetchone()
-    if not row or not row[0]:
-        return None
+    returning, or with the connection if it breaks, or by the server once the session
+    stopped answering for ``idle_limit`` seconds (a partition: ``maintenance_guard``)."""
+    ms = max(1, int(idle_limit * 1000))
+    await conn.execute(queries.get("maintenance_guard"), {"ms": ms})
     try:
-        done = Round()
-        done.rescued = await rescue_expired(conn, app, now=sql_now, orphan_grace=orphan_grace)
-        done.scheduled = list(await schedules.enqueue_due(conn, app, now))
-        if prune:
-            done.pruned = int(await retention.prune(conn, app, now))
-        return done
+        cur = await conn.execute(queries.get("maintenance_try_lock"))
+        row = await cur.fetchone()
+        if not row or not row[0]:
+            return None
+        try:
+            done = Round()
+            done.rescued = await rescue_expired(conn, app, now=sql_now,
+                                                orphan_grace=orphan_grace)
+            done.ended = await end_unresponsive_claims(conn, after=idle_limit)
+            done.scheduled = list(await schedules.enqueue_due(conn, app, now))
+            if prune:
+                done.pruned = int(await retention.prune(conn, app, now))
+            return done
+        finally:
+            if not conn.closed and not conn.broken:
+                await conn.execute(queries.get("maintenance_unlock"))
     finally:
         if not conn.closed and not conn.broken:
-            await conn.execute(queries.get("maintenance_unlock"))
+            await conn.execute(queries.get("maintenance_guard"), {"ms": 0})
 
 
 #: How often the maintenance round is tried, and how often it prunes.
@@ -130,7 +159,7 @@ class MaintenanceLoop:
                         done = await run_round(
                             conn, settings.app, now=settings.wall_now(),
                             sql_now=settings.sql_now(), orphan_grace=settings.lease,
-                            prune=prune,
+                            prune=prune, idle_limit=settings.lease,
                         )
                     except BaseException:
                         await conn.close()  # never return a connection holding the lock

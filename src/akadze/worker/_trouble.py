@@ -22,8 +22,11 @@ from ..database import mask_password
 # serialization failures and deadlocks).
 _TRANSIENT_CLASSES = ("08", "57", "53", "40")
 # Single states outside those classes: a lock_timeout that fired (55P03) passes once the
-# other transaction lets go of its lock.
-_TRANSIENT_STATES = ("55P03",)
+# other transaction lets go of its lock; a write refused as read-only (25006) is what a
+# client sees when a failover left its URL on a server that is now a standby (or the
+# server was made read-only), until the URL leads to a primary again. Use
+# target_session_attrs=read-write in a multi-host URL to be led there.
+_TRANSIENT_STATES = ("55P03", "25006")
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -5,17 +5,20 @@
 
 -- name: fault_install
 -- What the fault scenarios add to the watch (watch.sql, installed with it):
--- effects, the rows the tasks write inside complete_tx() (one per job, exactly).
+-- effects, the rows the tasks write inside complete_tx() (one per job, exactly),
+-- each naming the run that wrote it by its claim token (run_count can repeat after a
+-- crash undid a claim; the token cannot).
 CREATE SCHEMA IF NOT EXISTS akadze_fault;
 CREATE TABLE IF NOT EXISTS akadze_fault.effects (
     job_id bigint NOT NULL, run_count int NOT NULL, worker text NOT NULL,
+    claim_token bigint,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS effects_job_idx ON akadze_fault.effects (job_id);
 
 -- name: fault_record_effect
-INSERT INTO akadze_fault.effects (job_id, run_count, worker)
-VALUES (%(job_id)s, %(run_count)s, %(worker)s);
+INSERT INTO akadze_fault.effects (job_id, run_count, worker, claim_token)
+VALUES (%(job_id)s, %(run_count)s, %(worker)s, %(claim_token)s);
 
 -- name: fault_sample_running
 -- One snapshot: running jobs per limited key, with the key's max_running.
@@ -38,15 +41,19 @@ SELECT state::text, count(*) FROM akadze.jobs WHERE task <> 'fault.probe' GROUP 
 -- name: fault_audit
 -- Every promise, checked per job once the run is over (see faults.md):
 --   tx jobs: exactly one effect row when succeeded, none otherwise, and that row
---   written by the run that finished the job (its run_count); plain jobs: the
---   result names the run that finished it. attempts spent beyond the first, runs
+--   written by the run that finished the job; plain jobs: the result names the run
+--   that finished it. "The run" is its claim token: the job's last claim wrote it and
+--   a finish keeps it, so a result or an effect of another token was written by a run
+--   after the job was claimed again (a stale finish accepted). run_count would miss
+--   the stale finish of a run whose claim a crash undid (the next claim repeats it). attempts spent beyond the first, runs
 --   given back (claims that did not spend an attempt), and the recorded causes.
 WITH j AS (
     SELECT j.id, j.state, j.run_count, j.attempt, (j.args ->> 'tx')::boolean AS tx,
-           (j.result ->> 'rc')::int AS result_rc, j.errors,
+           j.result ->> 'tok' AS result_token, j.claim_token, j.errors,
            (SELECT count(*) FROM akadze_fault.effects e WHERE e.job_id = j.id) AS effects,
            (SELECT count(*) FROM akadze_fault.effects e
-            WHERE e.job_id = j.id AND e.run_count <> j.run_count) AS stale_effects,
+            WHERE e.job_id = j.id AND e.claim_token IS DISTINCT FROM j.claim_token)
+               AS stale_effects,
            (SELECT count(*) FROM jsonb_array_elements(j.errors) x
             WHERE x ->> 'error' = 'WorkerLost') AS rescues,
            (SELECT count(*) FROM jsonb_array_elements(j.errors) x
@@ -64,7 +71,8 @@ SELECT
     count(*) FILTER (WHERE tx AND state = 'succeeded' AND effects <> 1),
     count(*) FILTER (WHERE tx AND state <> 'succeeded' AND effects > 0),
     coalesce(sum(stale_effects), 0),
-    count(*) FILTER (WHERE state = 'succeeded' AND NOT tx AND result_rc IS DISTINCT FROM run_count),
+    count(*) FILTER (WHERE state = 'succeeded' AND NOT tx
+                     AND result_token IS DISTINCT FROM claim_token::text),
     coalesce(sum(run_count), 0),
     coalesce(sum(attempt - 1) FILTER (WHERE state <> 'queued'), 0),
     coalesce(sum(run_count - attempt), 0),
@@ -153,27 +161,33 @@ SELECT key FROM akadze.limits WHERE key = ANY (%(keys)s::text[]) FOR NO KEY UPDA
 
 -- name: fault_worker_jobs
 -- The running jobs of one worker, and their fencing tokens.
-SELECT id, run_count FROM akadze.jobs WHERE worker_id = %(worker_id)s AND state = 'running';
+SELECT id, claim_token FROM akadze.jobs
+WHERE worker_id = %(worker_id)s AND state = 'running';
 
 -- name: fault_jobs_moved_on
--- How many of these (id, run_count) runs were replaced: the job is no longer in
--- that run (rescued, and possibly claimed again by another worker).
-SELECT count(*) FILTER (WHERE NOT (j.state = 'running' AND j.run_count = r.rc)),
-       count(*) FILTER (WHERE j.run_count > r.rc AND j.worker_id IS DISTINCT FROM %(worker_id)s)
+-- How many of these (id, claim_token) runs were replaced: the job is no longer in
+-- that run (rescued), and how many were claimed again since (a rescue clears the
+-- token, a claim writes a new one; the job may have finished since), by another
+-- worker than %(worker_id)s as far as the row still says.
+SELECT count(*) FILTER (WHERE j.claim_token IS DISTINCT FROM r.token
+                           OR j.state <> 'running'),
+       count(*) FILTER (WHERE j.claim_token IS NOT NULL AND j.claim_token <> r.token
+                           AND j.worker_id IS DISTINCT FROM %(worker_id)s)
 FROM akadze.jobs j
-JOIN unnest(%(ids)s::bigint[], %(run_counts)s::int[]) AS r(id, rc) ON r.id = j.id;
+JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token) ON r.id = j.id;
 
 -- name: fault_probe_complete
 -- The probe claims real jobs of the workload and finishes them as the task would
 -- (an effect row for a complete_tx job, the run in the result), fenced.
 WITH done AS (
     UPDATE akadze.jobs SET state = 'succeeded', finished_at = now(),
-           result = jsonb_build_object('rc', run_count, 'w', 'fault-probe')
-    WHERE id = %(id)s AND run_count = %(run_count)s AND state = 'running'
-    RETURNING id, run_count, (args ->> 'tx')::boolean AS tx
+           result = jsonb_build_object('rc', run_count, 'tok', claim_token::text,
+                                       'w', 'fault-probe')
+    WHERE id = %(id)s AND claim_token = %(claim_token)s AND state = 'running'
+    RETURNING id, run_count, claim_token, (args ->> 'tx')::boolean AS tx
 )
-INSERT INTO akadze_fault.effects (job_id, run_count, worker)
-SELECT id, run_count, 'fault-probe' FROM done WHERE tx;
+INSERT INTO akadze_fault.effects (job_id, run_count, worker, claim_token)
+SELECT id, run_count, 'fault-probe', claim_token FROM done WHERE tx;
 
 -- name: fault_table_stats
 -- Size and dead tuples of the jobs table and its indexes.
@@ -203,3 +217,20 @@ SELECT pg_relation_size('akadze.jobs'),
        (SELECT count(*) FROM akadze.jobs WHERE state = 'running')
 FROM pg_stat_user_tables s
 WHERE s.relid = 'akadze.jobs'::regclass;
+
+-- name: fault_session_writable
+-- The failover scenario's own session stays writable when the server's default
+-- turns read-only (a session's SET wins over the configuration file).
+SET default_transaction_read_only = off;
+
+-- name: fault_read_only_on
+-- The whole server refuses writes (SQLSTATE 25006), as a primary that became a
+-- standby does to the clients whose URL still leads there; takes effect at the
+-- reload, in every session that did not SET it itself.
+ALTER SYSTEM SET default_transaction_read_only = on;
+
+-- name: fault_read_only_off
+ALTER SYSTEM RESET default_transaction_read_only;
+
+-- name: fault_reload
+SELECT pg_reload_conf();

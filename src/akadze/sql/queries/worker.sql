@@ -232,9 +232,45 @@ RETURNING
 -- include: job_columns
 , j.state;
 
+-- name: maintenance_guard
+-- Before the maintenance lock: a session that stops answering while it holds the
+-- lock (its network partitioned, its connection left open) must not keep the whole
+-- cluster from rescuing for as long as the partition lasts. The server ends this
+-- session once it has been idle for %(ms)s ms, inside a transaction or not (a round
+-- sends its statements back to back), and the lock goes with it. idle_session_timeout
+-- exists from PostgreSQL 14 on; 0 turns both off again (maintenance_unguard).
+SELECT set_config('idle_in_transaction_session_timeout', %(ms)s::int::text, false),
+       CASE WHEN current_setting('server_version_num')::int >= 140000
+            THEN set_config('idle_session_timeout', %(ms)s::int::text, false) END;
+
+-- name: end_unresponsive_claims
+-- A maintenance step: end the sessions that hold a queue's claim turn (the advisory
+-- lock of claim_start, class 6384484) while they wait for their client, inside their
+-- transaction, for longer than %(after)s seconds (the lease). A claim sends its
+-- statements back to back; one that waits on its client that long has a worker that
+-- stopped answering without closing its connection (a partitioned network, a stopped
+-- process). No server timeout ends it: in the middle of a pipeline the session is
+-- 'active', not idle in a transaction. Meanwhile every other claim of the queue waits
+-- for the turn, so the queue would stall for as long as the partition lasts. Ending
+-- the session rolls its claim back. Real time (clock_timestamp()), not the injectable
+-- clock: this is about how long a session has waited. A session of another role
+-- cannot be ended without its rights (pg_signal_backend): it is left out.
+SELECT a.pid, a.application_name,
+       extract(epoch FROM clock_timestamp() - a.state_change)::float8 AS waited,
+       pg_terminate_backend(a.pid)
+FROM pg_stat_activity AS a
+WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+  AND a.wait_event_type = 'Client' AND a.wait_event = 'ClientRead'
+  AND a.xact_start IS NOT NULL
+  AND a.state_change < clock_timestamp() - %(after)s * interval '1 second'
+  AND (a.usename = current_user OR pg_has_role('pg_signal_backend', 'MEMBER'))
+  AND EXISTS (SELECT 1 FROM pg_locks AS l
+              WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.classid = 6384484
+                AND l.objsubid = 2 AND l.granted);
+
 -- name: maintenance_try_lock
 -- One maintenance runner at a time across the cluster: a session-level advisory
--- lock taken without waiting ("akadzemt" as a 64-bit number).
+-- lock taken without waiting ("akadzemt" as a 64-bit number), after maintenance_guard.
 SELECT pg_try_advisory_lock(7019811528365141364);
 
 -- name: maintenance_unlock
