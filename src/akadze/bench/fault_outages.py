@@ -25,21 +25,35 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import queries
 from .fault_context import Context
-from .fault_harness import log_counts
+from .fault_harness import Workload, enqueue_workload, log_counts
 from .proxy import Proxy
+
+#: The bursts of the crash scenarios: jobs long enough not to finish before the crash.
+BURST = Workload(jobs=0, ms=(300, 900), fail=0.05, tx=0.5, keyed=0.4)
 
 
 def crash(ctx: Context) -> None:
-    """Three crashes of the server under load (immediate stop, no checkpoint, no flush
-    of the WAL that asynchronous commits left in memory), each followed by a start."""
+    """Three crashes of the server under load (immediate stop: no checkpoint, no flush
+    of the WAL that asynchronous commits left in memory), each followed by a start.
+
+    A claim is undone only when the crash comes before the next durable commit (any
+    outcome write or heartbeat flushes the WAL, claims included) and before the WAL
+    writer's next flush (wal_writer_delay, 200 ms). So each crash comes just after a
+    burst of new jobs reached idle workers: the earlier jobs are done, the burst is
+    being claimed, and its jobs run long enough not to finish before the crash."""
     if ctx.server is None:
         raise ValueError("the crash scenarios need a private server")
+    per = max(ctx.options.jobs // 4, 50)
     for _ in range(3):
-        time.sleep(ctx.rng.uniform(1.5, 2.5))
+        ctx.monitor.wait_finished(ctx.expected, 120)
+        burst = Workload(**{**BURST.__dict__, "jobs": per})
+        with ctx.connect() as conn:  # a new one each time: the last crash ended the old
+            ctx.expected += enqueue_workload(conn, burst, ctx.rng, first=ctx.expected)
+        time.sleep(ctx.rng.uniform(0.03, 0.15))  # the claims are under way
         down = ctx.server.restart("immediate", down=ctx.rng.uniform(0.3, 1.0))
         ctx.fault()
-        ctx.notes.append(f"pg_ctl stop -m immediate, then start: {down:.1f} s without a "
-                         "server")
+        ctx.notes.append(f"{per} new jobs, then pg_ctl stop -m immediate and start: "
+                         f"{down:.1f} s without a server")
 
 
 def failover(ctx: Context) -> None:

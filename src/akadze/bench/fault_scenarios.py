@@ -305,6 +305,7 @@ class Scenario:
     durable_claims: bool = False  # the workers run with --durable-claims
     proxied: bool = False  # every second worker reaches the server through a Proxy
     private: bool = False  # changes the whole server: only on a private one
+    share: float = 1.0  # of the jobs enqueued before the faults (the injector adds the rest)
 
 
 SCENARIOS = (
@@ -318,9 +319,9 @@ SCENARIOS = (
     Scenario("sigstop", "SIGSTOP past the lease, then SIGCONT (fencing)", sigstop,
              workload=Workload(ms=(150, 600))),
     Scenario("crash", "server crash (immediate stop, no flush), claims committed "
-             "asynchronously", crash, private=True),
+             "asynchronously", crash, private=True, share=0.25),
     Scenario("crash-durable", "server crash (immediate stop, no flush), durable_claims=True",
-             crash, durable_claims=True, private=True),
+             crash, durable_claims=True, private=True, share=0.25),
     Scenario("failover", "server read-only (a failover seen from an old URL), then "
              "writable", failover, private=True),
     Scenario("partition", "connections stop answering past the lease (a paused TCP "
@@ -348,7 +349,8 @@ def run_scenario(scenario: Scenario, options: Options, server: PrivateServer | s
     try:
         workload = Workload(**{**scenario.workload.__dict__,
                                "jobs": min(scenario.workload.jobs, options.jobs)
-                               if scenario.name == "long-txn" else options.jobs})
+                               if scenario.name == "long-txn"
+                               else max(int(options.jobs * scenario.share), 50)})
         with psycopg.connect(url, autocommit=True) as conn:
             prepare(conn)
             expected = enqueue_workload(conn, workload, rng)
