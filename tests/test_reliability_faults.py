@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from akadze.bench import fault_harness
 from akadze.bench.fault_context import Options
 from akadze.bench.fault_harness import audit, prepare
+from akadze.bench.fault_outages import start_proxy
 from akadze.bench.fault_scenarios import (
     SCENARIO_NAMES,
     ScenarioResult,
@@ -157,3 +160,16 @@ def test_fault_scenario_on_a_private_server(name: str, tmp_path: Path) -> None:
     (result,) = results
     _check(result)
     assert "PostgreSQL" in report_text(host, Options(), results, elapsed)
+
+
+def test_the_partition_proxy_leads_a_url_to_its_server(database_url: str) -> None:
+    proxy, through = start_proxy(database_url)
+    try:
+        with psycopg.connect(through, autocommit=True) as conn:
+            assert conn.execute("SELECT current_database()").fetchone() == (
+                psycopg.conninfo.conninfo_to_dict(database_url)["dbname"],)
+        assert proxy.stats()[0] == 1
+    finally:
+        proxy.close()
+    with pytest.raises(ValueError, match="TCP URL"):
+        start_proxy(make_conninfo("", host="/tmp", dbname="x"))

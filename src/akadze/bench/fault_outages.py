@@ -89,9 +89,8 @@ def start_proxy(url: str) -> tuple[Proxy, str]:
     host = str(params.get("host") or "127.0.0.1")
     if host.startswith("/"):
         raise ValueError("the partition scenario needs a TCP URL, not a unix socket")
-    proxy = Proxy(host, int(str(params.get("port") or 5432)))
-    port = proxy.start()
-    return proxy, make_conninfo(url, host="127.0.0.1", port=str(port))
+    proxy = Proxy(host, int(str(params.get("port") or 5432))).start()
+    return proxy, make_conninfo(url, host="127.0.0.1", port=str(proxy.port))
 
 
 def partitioned(index: int) -> bool:

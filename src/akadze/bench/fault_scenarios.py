@@ -387,7 +387,7 @@ def run_scenario(scenario: Scenario, options: Options, server: PrivateServer | s
             cluster.stop_all()
             monitor.stop()
             if proxy is not None:
-                proxy.stop()
+                proxy.close()
         twice, starts = starts_twice(logdir)
         if twice:
             ctx.notes.append(
