@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import Events, eventually, insert_job, job
+from worker_support import Events, eventually, insert_job, job
 
 from akadze import Akadze, Worker, current, outcomes, queries
 from akadze.claim import claim

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from test_worker_support import insert_job, job
+from worker_support import insert_job, job
 
 from akadze import outcomes
 from akadze.jobs import ClaimedJob, JobState

@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import insert_job, job
+from worker_support import insert_job, job
 
 from akadze import Akadze, Fail, Retry, Snooze, current
 from akadze.errors import UnknownTask

@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import Events, eventually, insert_job
+from worker_support import Events, eventually, insert_job
 
 from akadze import Akadze, Worker, queue_snapshot_sync
 from akadze.cli import main

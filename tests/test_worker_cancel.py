@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import insert_job, job, wait_event, wait_state
+from worker_support import insert_job, job, wait_event, wait_state
 
 from akadze import Akadze, Worker, current, request_cancel, request_cancel_sync
 from akadze.errors import JobNotFound
@@ -104,7 +104,6 @@ async def test_a_running_plain_job_is_told_and_its_result_dropped(
         request_cancel_sync(app, job_id)
         row = await wait_state(conn, job_id, "cancelled")
         await wait_event(finished)
-        await asyncio.sleep(0)
     assert noticed == [True]
     assert row["result"] is None and job(conn, job_id)["state"] == "cancelled"
     assert worker.counts["cancelled"] == 1 and worker.counts["succeeded"] == 0

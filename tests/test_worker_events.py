@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import Events, insert_job, wait_state
+from worker_support import Events, insert_job, wait_state
 
 from akadze import Akadze, Worker, current
 from akadze.worker import EVENT_KINDS, WorkerEvent

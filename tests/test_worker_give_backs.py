@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from test_worker_support import insert_job, job, wait_event
+from worker_support import insert_job, job, wait_event
 
 from akadze import Akadze, Worker
 from akadze.cli import main

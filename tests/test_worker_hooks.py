@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import eventually, insert_job, job, wait_state
+from worker_support import eventually, insert_job, job, wait_state
 
 from akadze import Akadze, JobLost, Worker, current
 
@@ -147,5 +146,4 @@ async def test_before_run_failing_counts_as_an_error(
     job_id = insert_job(conn, "t", max_attempts=1)
     async with Worker(app, poll_interval=0.05):
         row = await wait_state(conn, job_id, "failed")
-    await asyncio.sleep(0)
     assert ran == [] and row["errors"][0]["error"] == "PermissionError"

@@ -4,11 +4,12 @@ renew its own lease."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import Events, eventually, insert_job, job, wait_event, wait_state
+from worker_support import Events, eventually, insert_job, job, wait_event, wait_state
 
 from akadze import Akadze, Worker, current
 
@@ -70,6 +71,7 @@ async def test_a_worker_that_cannot_renew_its_lease_gives_its_jobs_back(
     app: Akadze, conn: psycopg.Connection[Any], database_url: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="akadze.worker")
     started = asyncio.Event()
     interrupted = asyncio.Event()
 
@@ -98,8 +100,14 @@ async def test_a_worker_that_cannot_renew_its_lease_gives_its_jobs_back(
             fenced = events.find("fenced")  # and not renewed since:
             assert fenced is not None and events.find("lease_renewed", after=fenced) is None
             assert events.seen[fenced].job_ids == (job_id,)
-            await asyncio.sleep(0.2)
-            assert job(conn, job_id)["state"] == "queued"  # not claimed while fenced
+            # Not claimed while fenced: the heartbeat fails twice more meanwhile (about
+            # two thirds of a lease, a dozen turns of the claim loop at 0.05 s polls).
+            failures = caplog.text.count("heartbeat failed again")
+            await eventually(
+                lambda: caplog.text.count("heartbeat failed again") >= failures + 2,
+                what="two more failed heartbeats while fenced")
+            assert events.find("claimed", after=fenced) is None
+            assert job(conn, job_id)["state"] == "queued"
             blocker.rollback()
             done = await wait_state(conn, job_id, "succeeded")
     finally:

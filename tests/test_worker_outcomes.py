@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import eventually, insert_job, job, wait_state
+from worker_support import eventually, insert_job, job, wait_state
 
 from akadze import Akadze, Cancel, Fail, Retry, Snooze, Worker, current
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import eventually
+from worker_support import eventually
 
 from akadze import Akadze, Worker, current
 

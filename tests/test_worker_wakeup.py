@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from test_worker_support import Events, eventually, insert_job, wait_state
+from worker_support import Events, eventually, insert_job, wait_state
 
 from akadze import Akadze, Worker, pause_queue_sync, resume_queue_sync, retry_now_sync
 
@@ -94,7 +93,6 @@ async def test_a_retry_due_soon_wakes_the_worker_without_polling(
     async with Worker(app, poll_interval=60, listen=False):
         row = await wait_state(conn, job_id, "succeeded", within=10)
     assert row["attempt"] == 2
-    await asyncio.sleep(0)
 
 
 async def test_resuming_a_queue_wakes_an_idle_worker(

@@ -6,8 +6,8 @@
 - :func:`is_transient` tells database trouble that retrying cures from the rest.
 
 Everything else in this package is private: ``_worker`` composes the collaborators
-(``_claims``, ``_runner``, ``_flusher``, ``_leases``, ``_cancellation``,
-``_maintenance``, ``_wakeup``, ``_shutdown``) that share ``_state`` and get their
+(``_claims``, ``_runner``, ``_flusher``, ``_leases``, ``_ownership``,
+``_cancellation``, ``_maintenance``, ``_wakeup``, ``_shutdown``) that share ``_state`` and get their
 connections from ``_connections`` (docs/reference/worker.md has the map).
 """
 
