@@ -9,6 +9,7 @@ statement or a batch); COMMIT, sent by the driver, is not counted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -108,7 +109,11 @@ def test_a_fair_queue_that_needed_two_windows_needs_one_the_next_time(
     conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, attempt = 0, "
                  "worker_id = NULL, started_at = NULL WHERE id = ANY(%s)",
                  ([job.id for job in first],))
-    assert claim(conn, queue="q", slots=20, fair=True, now=NOW) == first
+    again = claim(conn, queue="q", slots=20, fair=True, now=NOW)
+    # the same jobs, each with a claim token of its own (random per claim)
+    assert all(a.claim_token != f.claim_token for a, f in zip(again, first, strict=True))
+    assert [dataclasses.replace(a, claim_token=None) for a in again] == [
+        dataclasses.replace(f, claim_token=None) for f in first]
     assert trips == [3, 2]
     # The first claim's guard let the skip scan run (its first window shows 16
     # groups), which stopped at its bound: the second claim does not try again.

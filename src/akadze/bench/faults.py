@@ -10,6 +10,7 @@ never exceeded, complete_tx effects exactly once, no stale finish.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -132,12 +133,15 @@ def run_all(names: Sequence[str], options: Options,
     echo = say or (lambda m: click.echo(m, err=True))
     from .claims import host_details  # imports the CLI, which imports this module
 
+    load = os.getloadavg()[0]
     with private_server() as server:
         with psycopg.connect(server.admin_url(), autocommit=True) as conn:
             host = host_details(conn)
         for scenario in chosen:
             echo(f"scenario {scenario.name} (seed {options.seed}) ...")
             results.append(run_scenario(scenario, options, server, say=echo))
+    # The machine may be shared: say how busy it was (1-minute load, start and end).
+    host["load average"] = f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     return host, results, time.monotonic() - began
 
 
