@@ -78,8 +78,16 @@ def run_suite(pytest_args: list[str], log: Path) -> tuple[int, str, float]:
     """One run of the suite: (exit code, pytest's summary line, seconds)."""
     began = time.monotonic()
     with log.open("wb") as out:
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                *pytest_args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        suite = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                  *pytest_args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        try:
+            code = suite.wait()
+        finally:
+            if suite.poll() is None:  # interrupted: end the run and what it started
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(suite.pid, signal.SIGTERM)
+                suite.wait()
     seconds = time.monotonic() - began
     found = SUMMARY.findall(log.read_text(errors="replace"))
     summary = found[-1][0] if found else "no summary (see the log)"
@@ -98,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1 or args.cpu < 1:
         parser.error("--runs and --cpu must be at least 1")
     args.log.mkdir(parents=True, exist_ok=True)
+    # A SIGTERM ends the script through its finally clauses: the load and the current
+    # run stop with it (both run in sessions of their own, so nothing else would).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load = Load(args.cpu)
     load.start()
     results = []
