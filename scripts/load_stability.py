@@ -1,6 +1,7 @@
 """Run the fast test suite several times with both cores saturated by another process.
 
-    python scripts/load_stability.py [--runs 3] [--cpu N] [--pytest-args "..."] [--log DIR]
+    python scripts/load_stability.py [--runs 3] [--cpu N] [--shards K] [--pytest-args "..."]
+                                     [--log DIR]
 
 A test that passes on a quiet machine and fails when the machine is busy depends on
 timing: it waits with a sleep instead of for an event, or asserts a duration. This
@@ -8,7 +9,10 @@ script makes the machine busy on purpose: ``stress-ng --cpu N`` (N = the number 
 cores by default), or, without stress-ng, one busy-looping process per core, for the
 whole of every run. Each run is the fast suite as CI runs it (``pytest -q``); the
 summary gives, per run, its exit code, the counts pytest reported and its duration,
-and the load average. Exit code 0 only when every run passed; 2 on bad usage.
+and the load average. ``--shards K`` runs each pass of the suite as K pytest processes
+at once, each with every K-th test file (the machine is then busier still, and a pass
+takes less wall time when other work competes for the cores). Exit code 0 only when
+every run passed; 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,24 +79,51 @@ class Load:
         self._loops = []
 
 
-def run_suite(pytest_args: list[str], log: Path) -> tuple[int, str, float]:
-    """One run of the suite: (exit code, pytest's summary line, seconds)."""
-    began = time.monotonic()
+def test_files() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+
+
+def _run_pytest(args: list[str], log: Path) -> int:
     with log.open("wb") as out:
         suite = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                  *pytest_args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                  *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True)
         try:
-            code = suite.wait()
+            return suite.wait()
         finally:
             if suite.poll() is None:  # interrupted: end the run and what it started
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(suite.pid, signal.SIGTERM)
                 suite.wait()
-    seconds = time.monotonic() - began
+
+
+def _counts(log: Path) -> tuple[str, dict[str, int]]:
     found = SUMMARY.findall(log.read_text(errors="replace"))
-    summary = found[-1][0] if found else "no summary (see the log)"
-    return code, summary, seconds
+    if not found:
+        return "no summary (see the log)", {}
+    line = found[-1][0]
+    return line, {kind: int(n) for n, kind in re.findall(r"(\d+) (\w+)", line)}
+
+
+def run_suite(pytest_args: list[str], log: Path, shards: int) -> tuple[int, str, float]:
+    """One pass of the suite: (exit code, pytest's summary, seconds)."""
+    began = time.monotonic()
+    if shards == 1:
+        code = _run_pytest(pytest_args, log)
+        return code, _counts(log)[0], time.monotonic() - began
+    files = test_files()
+    logs = [log.with_suffix(f".shard{i + 1}.log") for i in range(shards)]
+    with ThreadPoolExecutor(shards) as pool:
+        codes = list(pool.map(lambda i: _run_pytest([*pytest_args, *files[i::shards]],
+                                                    logs[i]), range(shards)))
+    total: dict[str, int] = {}
+    for shard in logs:
+        for kind, n in _counts(shard)[1].items():
+            total[kind] = total.get(kind, 0) + n
+    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(total.items())) + (
+        f" ({shards} shards)")
+    code = next((c for c in codes if c != 0), 0)
+    return code, summary, time.monotonic() - began
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs of the suite (default 3)")
     parser.add_argument("--cpu", type=int, default=os.cpu_count() or 2,
                         help="busy processes (default: one per core)")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="pytest processes per pass, each with every K-th test file")
     parser.add_argument("--pytest-args", default="", help="more pytest arguments, one string")
     parser.add_argument("--log", type=Path, default=Path("/tmp/akadze-load-stability"),
                         help="where each run's output goes")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.cpu < 1:
-        parser.error("--runs and --cpu must be at least 1")
+    if args.runs < 1 or args.cpu < 1 or args.shards < 1:
+        parser.error("--runs, --cpu and --shards must be at least 1")
     args.log.mkdir(parents=True, exist_ok=True)
     # A SIGTERM ends the script through its finally clauses: the load and the current
     # run stop with it (both run in sessions of their own, so nothing else would).
@@ -117,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         for number in range(1, args.runs + 1):
             log = args.log / f"run-{number}.log"
-            code, summary, seconds = run_suite(shlex.split(args.pytest_args), log)
+            code, summary, seconds = run_suite(shlex.split(args.pytest_args), log, args.shards)
             load1 = os.getloadavg()[0]
             results.append(code)
             print(f"run {number}: {'passed' if code == 0 else f'FAILED (exit {code})'}: "
