@@ -106,15 +106,28 @@ def _populate(conn: Conn, jobs: int, seed: int) -> None:
     conn.execute(WATCH)
 
 
-def claimer(url: str, number: int, order: str, seconds: float, go: Any, out: Any) -> None:
-    """One claimer process: random slots and queues, short holds, fenced completions."""
+#: Claims each claimer makes at least, whatever the time it takes: on a busy machine a
+#: fixed duration made too few of them for the run to prove anything.
+MIN_CLAIMS = 80
+#: The most a claimer runs, however few claims it made by then (a hang guard).
+MAX_SECONDS = 300.0
+
+
+def claimer(url: str, number: int, order: str, seconds: float, ready: Any, go: Any,
+            out: Any) -> None:
+    """One claimer process: random slots and queues, short holds, fenced completions;
+    at least ``seconds`` and MIN_CLAIMS claims, all claimers at once."""
     rng = random.Random(number)
     claimed: list[int] = []
     errors: list[str] = []
     with psycopg.connect(url, autocommit=True) as conn:
+        ready.put(number)
         go.wait()
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        began = time.monotonic()
+        calls = 0
+        while (calls < MIN_CLAIMS or time.monotonic() - began < seconds) and (
+                time.monotonic() - began < MAX_SECONDS):
+            calls += 1
             fair = (rng.random() < 0.5) if order == "mixed" else order == "fair"
             try:
                 got = claim(conn, queue=rng.choice(QUEUES), slots=rng.randint(1, 8),
@@ -132,17 +145,20 @@ def claimer(url: str, number: int, order: str, seconds: float, go: Any, out: Any
 
 def _run(url: str, *, order: str, processes: int, seconds: float) -> tuple[list[int], list[str]]:
     ctx = multiprocessing.get_context("spawn")
-    go, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=claimer, args=(url, i, order, seconds, go, out), daemon=True)
+    ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=claimer, args=(url, i, order, seconds, ready, go, out),
+                         daemon=True)
              for i in range(processes)]
     for proc in procs:
         proc.start()
+    for _ in procs:  # every claimer connected (spawning takes long on a busy machine)
+        ready.get(timeout=MAX_SECONDS)
     go.set()
     claimed: list[int] = []
     errors: list[str] = []
     try:
         for _ in procs:
-            _, got, errs = out.get(timeout=seconds + 90)
+            _, got, errs = out.get(timeout=max(seconds, MAX_SECONDS) + 90)
             claimed += got
             errors += errs
     finally:
@@ -261,6 +277,7 @@ def test_a_claim_with_an_earlier_clock_counts_starts_a_later_claim_pruned(
     assert late == [], "a 60 s window would hold 3 starts with max_starts 2"
 
 
+@pytest.mark.timeout(600)  # a hang guard: on a busy machine the claims take long
 @pytest.mark.parametrize("order", ["default", "fair", "mixed"])
 def test_limits_hold_under_concurrent_claimers(database_url: str, conn: Conn, order: str) -> None:
     _prove(conn, database_url, order=order, processes=6, seconds=3.0, jobs=4000)

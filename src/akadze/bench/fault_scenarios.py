@@ -331,6 +331,16 @@ SCENARIOS = (
 SCENARIO_NAMES = [s.name for s in SCENARIOS]
 
 
+def _wait_registered(url: str, workers: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(queries.get("fault_workers_registered")).fetchone()
+            if row is not None and int(row[0]) >= workers:
+                return
+            time.sleep(0.1)  # polling the database with a deadline
+
+
 def run_scenario(scenario: Scenario, options: Options, server: PrivateServer | str,
                  say: Callable[[str], None] = lambda _: None) -> ScenarioResult:
     """Run one scenario in a scratch database of ``server``: a private server, or the
@@ -372,6 +382,10 @@ def run_scenario(scenario: Scenario, options: Options, server: PrivateServer | s
         began = time.monotonic()
         cluster.start_all()
         try:
+            # Every worker up before the first fault: a worker process that is still
+            # starting when the server goes away refuses to start (its database check),
+            # and on a busy machine starting takes seconds.
+            _wait_registered(url, options.workers, 180)
             monitor.wait_progress(min(50, expected), 120)
             say(f"{scenario.name}: load running, injecting faults")
             scenario.inject(ctx)

@@ -234,3 +234,7 @@ ALTER SYSTEM RESET default_transaction_read_only;
 
 -- name: fault_reload
 SELECT pg_reload_conf();
+
+-- name: fault_workers_registered
+-- How many worker processes have registered (their first heartbeat).
+SELECT count(*) FROM akadze.workers;
