@@ -28,11 +28,12 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY = re.compile(r"^=+ (.*) in ([\d.]+)s", re.MULTILINE)
+# pytest's last line ("3 failed, 497 passed, 2 deselected in 301.20s"), with or without
+# the rule of "=" around it (-q leaves it out)
+SUMMARY = re.compile(r"^=* ?(\d+ \w+(?:, \d+ \w+)*) in ([\d.]+)s", re.MULTILINE)
 
 
 def _busy_loop() -> None:  # pragma: no cover - runs in a child process
@@ -83,18 +84,11 @@ def test_files() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
 
 
-def _run_pytest(args: list[str], log: Path) -> int:
+def _start_pytest(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        suite = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                  *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-        try:
-            return suite.wait()
-        finally:
-            if suite.poll() is None:  # interrupted: end the run and what it started
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(suite.pid, signal.SIGTERM)
-                suite.wait()
+        return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                 *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _counts(log: Path) -> tuple[str, dict[str, int]]:
@@ -108,22 +102,29 @@ def _counts(log: Path) -> tuple[str, dict[str, int]]:
 def run_suite(pytest_args: list[str], log: Path, shards: int) -> tuple[int, str, float]:
     """One pass of the suite: (exit code, pytest's summary, seconds)."""
     began = time.monotonic()
-    if shards == 1:
-        code = _run_pytest(pytest_args, log)
-        return code, _counts(log)[0], time.monotonic() - began
     files = test_files()
-    logs = [log.with_suffix(f".shard{i + 1}.log") for i in range(shards)]
-    with ThreadPoolExecutor(shards) as pool:
-        codes = list(pool.map(lambda i: _run_pytest([*pytest_args, *files[i::shards]],
-                                                    logs[i]), range(shards)))
+    logs = [log] if shards == 1 else [
+        log.with_suffix(f".shard{i + 1}.log") for i in range(shards)]
+    suites = [_start_pytest(pytest_args if shards == 1 else
+                            [*pytest_args, *files[i::shards]], logs[i])
+              for i in range(shards)]
+    try:
+        codes = [suite.wait() for suite in suites]
+    finally:
+        for suite in suites:  # interrupted: end the runs and what they started
+            if suite.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(suite.pid, signal.SIGTERM)
+                suite.wait()
     total: dict[str, int] = {}
     for shard in logs:
         for kind, n in _counts(shard)[1].items():
             total[kind] = total.get(kind, 0) + n
-    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(total.items())) + (
-        f" ({shards} shards)")
+    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(total.items()))
+    if shards > 1:
+        summary += f" ({shards} shards)"
     code = next((c for c in codes if c != 0), 0)
-    return code, summary, time.monotonic() - began
+    return code, summary or "no summary (see the logs)", time.monotonic() - began
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,6 +158,7 @@ def the_demo_passes(times: int) -> list[float]:
     return took
 
 
+@pytest.mark.timeout(600)  # a hang guard: a dozen subprocesses take long on a busy machine
 def test_the_newcomer_path(newcomer: Path, home: Path) -> None:
     began = time.monotonic()
     # -- a fresh machine: nothing there yet

@@ -49,7 +49,8 @@ async def test_an_outcome_the_fence_refuses_is_reported_as_discarded(
         # Someone else took the job meanwhile (a rescue and a new claim).
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as other:
             await other.execute(
-                "UPDATE akadze.jobs SET run_count = run_count + 1 WHERE id = %s", (current().id,))
+                "UPDATE akadze.jobs SET run_count = run_count + 1, claim_token = "
+                "akadze.new_claim_token() WHERE id = %s", (current().id,))
         return "too late"
 
     events = Events()

@@ -112,7 +112,8 @@ async def test_complete_tx_rolls_back_everything_when_the_fence_fails(
         # Someone else took the job meanwhile (a rescue and a new claim).
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as other:
             await other.execute(
-                "UPDATE akadze.jobs SET run_count = run_count + 1 WHERE id = %s", (current().id,))
+                "UPDATE akadze.jobs SET run_count = run_count + 1, claim_token = "
+                "akadze.new_claim_token() WHERE id = %s", (current().id,))
         try:
             async with current().complete_tx() as db:
                 await db.execute("INSERT INTO notes VALUES (%s, 'must vanish')", (current().id,))
