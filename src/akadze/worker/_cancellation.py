@@ -1,12 +1,18 @@
 """Noticing that someone asked to cancel a job running here.
 
 ``request_cancel`` marks the row and sends ``NOTIFY akadze_cancel, '<job id>'``;
-the listener hands the notification to :meth:`CancelWatcher.requested`. Since a
-notification can be missed (no LISTEN, or sent while the listener reconnected),
-the watcher also polls this worker's running jobs for the mark: every
-``poll_interval`` without LISTEN, ten times less often with it, and once at once
-whenever the listener (re)connects. What to do with a cancelled run is the
-runner's business (``cancel``).
+the listener hands the notification to :meth:`CancelWatcher.requested`.
+
+A notification is only a hint: PostgreSQL lets any role ``NOTIFY`` on any channel,
+with any payload, whether or not it may read the schema. So the watcher never acts
+on a notification's id: when the id is one of the jobs running here, it reads which
+of this worker's running jobs the database marks ``cancel_requested`` (at once),
+and cancels those. Ids of jobs not running here cost nothing.
+
+Since a notification can be missed (no LISTEN, or sent while the listener
+reconnected), the watcher also polls for the mark: every ``poll_interval`` without
+LISTEN, ten times less often with it, and once at once whenever the listener
+(re)connects. What to do with a cancelled run is the runner's business (``cancel``).
 """
 
 from __future__ import annotations
@@ -40,8 +46,10 @@ class CancelWatcher:
         self._poll_now = asyncio.Event()
 
     def requested(self, job_id: int) -> None:
-        """A cancel notification for ``job_id`` (maybe not a job of this worker)."""
-        self._cancel(job_id)
+        """A cancel notification for ``job_id`` (maybe not a job of this worker, maybe
+        sent by anyone): when the job runs here, ask the database at once."""
+        if job_id in self._state.running:
+            self._poll_now.set()
 
     def poll_soon(self) -> None:
         """Look for missed requests at once (the listener has just (re)connected)."""
@@ -64,3 +72,4 @@ class CancelWatcher:
             state.trouble.recovered("cancellation poll")
             for job_id in ids:
                 self._cancel(job_id)
+            state.events.emit("cancel_checked", job_ids=ids)
