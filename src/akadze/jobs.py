@@ -58,6 +58,8 @@ class ClaimedJob:
     expires_at: datetime | None = None
     worker_id: str | None = None
     started_at: datetime | None = None
+    # Not a column (reading the row sets it): keep it the last field, after the
+    # columns, which the row factories pass by position.
     unreadable: str | None = None
 
 
