@@ -171,7 +171,8 @@ class ClaimLoop:
 
     def _take(self, jobs: list[ClaimedJob]) -> None:
         """Jobs just claimed: into the buffer, then into the free slots."""
-        self._keyed = any(job.limit_key is not None for job in jobs)
+        if jobs:  # an empty claim says nothing of the queue's keys
+            self._keyed = any(job.limit_key is not None for job in jobs)
         for job in jobs:
             self._buffer[job.id] = job
         self._emit_claimed(jobs)
