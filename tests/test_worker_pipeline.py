@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import psycopg
-from test_worker_support import eventually
+from test_worker_support import Events, eventually
 
 from akadze import Akadze, Worker, current, request_cancel
 from akadze.worker import WorkerEvent
@@ -142,3 +142,40 @@ async def test_a_job_claimed_ahead_and_cancelled_never_runs(
     row = conn.execute("SELECT state::text, errors -> -1 ->> 'message' FROM akadze.jobs "
                        "WHERE id = %s", (waiting[0],)).fetchone()
     assert row == ("cancelled", "cancellation was requested before it started")
+
+
+async def test_jobs_claimed_ahead_are_given_back_untouched_when_fenced(
+    app: Akadze, conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    tasks = _Gated(app)
+    events = Events()
+    blocker = psycopg.connect(database_url)
+    try:
+        async with Worker(app, slots=SLOTS, poll_interval=60, lease=1.0,
+                          on_event=events) as worker:
+            await _warm_up(conn, worker)
+            _insert(conn, "gated", SLOTS)
+            await eventually(lambda: tasks.running == SLOTS, what="every slot running")
+            _insert(conn, "gated", SLOTS)
+            await eventually(lambda: _claimed_here(conn, worker.worker_id) > SLOTS,
+                             what="jobs claimed ahead")
+            claimed = {int(r[0]) for r in conn.execute(
+                "SELECT id FROM akadze.jobs WHERE state = 'running' AND task = 'gated'")}
+            buffered = claimed - tasks.started
+            assert buffered
+            # The worker's heartbeats now block until the lock is released.
+            blocker.execute("LOCK TABLE akadze.workers IN ACCESS EXCLUSIVE MODE")
+            fenced = events.seen[await events.next("fenced", within=10)]
+            assert set(fenced.job_ids) == claimed  # the runs and the buffered jobs
+            await eventually(lambda: _claimed_here(conn, worker.worker_id) == 0,
+                             what="every job given back")
+            rows = {int(r[0]): (int(r[1]), r[2]) for r in conn.execute(
+                "SELECT id, attempt, errors FROM akadze.jobs WHERE id = ANY(%s)",
+                (sorted(buffered),))}
+            assert all(attempt == 0 and not errors for attempt, errors in rows.values())
+            blocker.rollback()
+            tasks.gate.set()
+            await eventually(lambda: worker.counts["succeeded"] == 5 * SLOTS,
+                             what="the rest", within=20)
+    finally:
+        blocker.close()
