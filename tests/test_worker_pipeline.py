@@ -60,6 +60,13 @@ class _Gated:
             self.claimed_while_running.append(self.running)
 
 
+async def _claimed_ahead(tasks: _Gated) -> None:
+    """Wait for a claim that returned while every slot ran (call it with the slots
+    all running)."""
+    tasks.claimed_while_running.clear()
+    await eventually(lambda: SLOTS in tasks.claimed_while_running, what="jobs claimed ahead")
+
+
 async def _warm_up(conn: psycopg.Connection[Any], worker: Worker) -> None:
     """Quick runs first: the worker learns that its runs are short against a claim."""
     _insert(conn, "quick", 3 * SLOTS)
@@ -77,13 +84,14 @@ async def test_a_claim_is_in_flight_while_every_slot_runs(
         await eventually(lambda: tasks.running == SLOTS, what="every slot running")
         tasks.claimed_while_running.clear()
         _insert(conn, "gated", 2 * SLOTS)
-        # The database says it: more jobs are claimed by this worker than it has
-        # slots, while its 20 runs go on (none can end: the gate is closed).
-        await eventually(lambda: _claimed_here(conn, worker.worker_id) > SLOTS,
-                         what="jobs claimed ahead")
+        # Its signals say it: a claim returned while all 20 slots were running
+        # (none can end: the gate is closed).
+        await eventually(lambda: tasks.claimed_while_running, what="a claim while running")
+        assert tasks.claimed_while_running[0] == SLOTS
+        # And the database: more jobs are claimed by this worker than it has slots,
+        # while its 20 runs go on.
+        assert _claimed_here(conn, worker.worker_id) > SLOTS
         assert tasks.running == SLOTS and worker.running == SLOTS
-        # And its signals: a claim returned while all 20 slots were running.
-        assert tasks.claimed_while_running and tasks.claimed_while_running[0] == SLOTS
         tasks.gate.set()
         await eventually(lambda: worker.counts["succeeded"] == 6 * SLOTS, what="the rest")
     assert tasks.most == SLOTS  # never more runs at once than slots
@@ -96,13 +104,13 @@ async def test_jobs_claimed_ahead_are_given_back_untouched_on_stop(
     app: Akadze, conn: psycopg.Connection[Any]
 ) -> None:
     tasks = _Gated(app)
-    async with Worker(app, slots=SLOTS, poll_interval=60, shutdown_timeout=0.2) as worker:
+    async with Worker(app, slots=SLOTS, poll_interval=60, shutdown_timeout=0.2,
+                      on_event=tasks) as worker:
         await _warm_up(conn, worker)
         _insert(conn, "gated", SLOTS)
         await eventually(lambda: tasks.running == SLOTS, what="every slot running")
         ahead = set(_insert(conn, "gated", SLOTS))
-        await eventually(lambda: _claimed_here(conn, worker.worker_id) > SLOTS,
-                         what="jobs claimed ahead")
+        await _claimed_ahead(tasks)
         buffered = {int(r[0]) for r in conn.execute(
             "SELECT id FROM akadze.jobs WHERE state = 'running' AND task = 'gated'")
         } - tasks.started
@@ -124,13 +132,12 @@ async def test_a_job_claimed_ahead_and_cancelled_never_runs(
     app: Akadze, conn: psycopg.Connection[Any]
 ) -> None:
     tasks = _Gated(app)
-    async with Worker(app, slots=SLOTS, poll_interval=60) as worker:
+    async with Worker(app, slots=SLOTS, poll_interval=60, on_event=tasks) as worker:
         await _warm_up(conn, worker)
         _insert(conn, "gated", SLOTS)
         await eventually(lambda: tasks.running == SLOTS, what="every slot running")
         _insert(conn, "gated", SLOTS)
-        await eventually(lambda: _claimed_here(conn, worker.worker_id) > SLOTS,
-                         what="jobs claimed ahead")
+        await _claimed_ahead(tasks)
         waiting = sorted({int(r[0]) for r in conn.execute(
             "SELECT id FROM akadze.jobs WHERE state = 'running' AND task = 'gated'")}
             - tasks.started)
@@ -152,13 +159,12 @@ async def test_jobs_claimed_ahead_are_given_back_untouched_when_fenced(
     blocker = psycopg.connect(database_url)
     try:
         async with Worker(app, slots=SLOTS, poll_interval=60, lease=1.0,
-                          on_event=events) as worker:
+                          on_event=lambda e: (events(e), tasks(e))) as worker:
             await _warm_up(conn, worker)
             _insert(conn, "gated", SLOTS)
             await eventually(lambda: tasks.running == SLOTS, what="every slot running")
             _insert(conn, "gated", SLOTS)
-            await eventually(lambda: _claimed_here(conn, worker.worker_id) > SLOTS,
-                             what="jobs claimed ahead")
+            await _claimed_ahead(tasks)
             claimed = {int(r[0]) for r in conn.execute(
                 "SELECT id FROM akadze.jobs WHERE state = 'running' AND task = 'gated'")}
             buffered = claimed - tasks.started

@@ -13,7 +13,9 @@ claimed to ``start`` (the runner) as slots are free. It claims
   slots finish during one claim, at most the slot count, and none while the
   queue's runs take long against a claim (a job must not wait here while
   another worker could run it) or while the queue's jobs have limit keys (a
-  buffered job holds a place of its key's ``max_running``).
+  buffered job holds a place of its key's ``max_running``). A queue whose runs
+  are much shorter than a claim (no-op jobs) waits up to half a claim's
+  duration for the room to fill, so that each claim takes the most it may.
 
 A buffered job is running in the database, claimed by this worker and covered
 by its lease. It is given back, leaving no trace (it never started), when the
@@ -56,6 +58,8 @@ HandBack = Callable[[ClaimedJob], None]
 
 #: Weight of the newest sample in the moving averages of run and claim times.
 SMOOTHING = 0.2
+#: A queue whose claims take this many times its runs claims full batches.
+SATURATED = 4
 
 
 class ClaimLoop:
@@ -92,6 +96,7 @@ class ClaimLoop:
         self._run_time: float | None = None  # moving average, seconds
         self._claim_time: float | None = None
         self._keyed = False  # the last claim returned jobs with a limit key
+        self._eager_since: float | None = None  # loop time: room to claim since then
 
     # -- what the worker sees -------------------------------------------------------------
 
@@ -203,14 +208,36 @@ class ClaimLoop:
     def _room(self) -> int:
         return self._settings.slots + self.ahead - self._slots.busy - len(self._buffer)
 
-    def _wants_claim(self) -> bool:
+    def _saturated(self) -> bool:
+        """The queue's runs are much shorter than a claim: its slots empty in a
+        fraction of a claim's round trip, however early the claim is sent, and the
+        jobs per claim are what bounds the rate."""
+        run, took = self._run_time, self._claim_time
+        return (self.ahead >= self._settings.slots and run is not None and took is not None
+                and run * SATURATED <= took)
+
+    def _wait(self) -> float | None:
+        """How long to wait for a run to end before claiming; None: claim now.
+
+        A claim is sent when a slot is idle with no job to take, or when the room
+        left is half the slots or more. When the queue is saturated it waits a
+        little for the room to fill (half a claim's duration at most), so that
+        each claim takes the most it may."""
         self._fill()  # a run may have ended just now: its slot first takes a buffered job
+        settings = self._settings
         if self._state.fenced or self._backlogged():
-            return False
+            return settings.poll_interval
         room = self._room()
-        if room <= 0:
-            return False
-        return self.free > 0 or room >= max(1, self._settings.slots // 2)
+        if room <= 0 or not (self.free > 0 or room >= max(1, settings.slots // 2)):
+            self._eager_since = None
+            return settings.poll_interval
+        if room >= settings.slots + self.ahead or not self._saturated():
+            return None
+        now = asyncio.get_running_loop().time()
+        if self._eager_since is None:
+            self._eager_since = now
+        left = self._eager_since + (self._claim_time or 0.0) / 2 - now
+        return None if left <= 0 else left
 
     def _stopping(self) -> bool:
         return self._state.stopping
@@ -231,10 +258,12 @@ class ClaimLoop:
         loop = asyncio.get_running_loop()
         where = f"claim on queue {self.queue!r}"
         while not state.stopping:
-            if not self._wants_claim():
+            wait = self._wait()
+            if wait is not None:
                 slots.freed.clear()
-                await wait_for(slots.freed, self._settings.poll_interval)
+                await wait_for(slots.freed, wait)
                 continue
+            self._eager_since = None
             wakeup.consume(self.queue)
             room = self._room()
             began = loop.time()
