@@ -29,50 +29,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import click
 
-from ..app import Akadze
 from ..cli.options import database_url_option, print_table, resolve
 from ..database import connect, describe
 from ..limits import set_limit_sync
-from ..worker import Worker
 from . import queries
 from .claims import host_details, scratch_database
-
-TASK = "bench.sleep"
-
-
-def _app(url: str) -> Akadze:
-    app = Akadze(url)
-
-    @app.task(TASK)
-    async def sleep(seconds: float) -> dict[str, float]:
-        began = time.time()
-        if seconds > 0:
-            await asyncio.sleep(seconds)
-        return {"s": began, "e": time.time()}
-
-    return app
-
-
-def _one(conn: Any, name: str) -> tuple[Any, ...]:
-    row = conn.execute(queries.get(name)).fetchone()
-    assert row is not None
-    return tuple(row)
-
-
-async def _run_until_done(url: str, slots: int, poll: float, total: int) -> None:
-    """A worker in this process until ``total`` jobs succeeded."""
-    async with Worker(_app(url), slots=slots, poll_interval=poll, lease=60) as worker:
-        with connect(url) as conn:
-            deadline = time.monotonic() + max(60.0, total / 10)
-            while _one(conn, "limits_busy_done")[0] < total:
-                if time.monotonic() > deadline:
-                    raise click.ClickException(f"{total} jobs did not finish in time")
-                await asyncio.sleep(0.02)
-        await worker.wait_idle()
+from .limits_worker import TASK, child, one, run_until_done
 
 
 def _insert(url: str, *, count: int, keys: int, prefix: str, seconds: float) -> None:
@@ -93,15 +58,11 @@ def one_key(url: str, jobs: int, seconds: float, poll: float) -> float:
         set_limit_sync(conn, "one0", max_running=2)
     _insert(url, count=jobs, keys=1, prefix="one", seconds=seconds)
     began = time.perf_counter()
-    asyncio.run(_run_until_done(url, 10, poll, jobs))
+    asyncio.run(run_until_done(url, 10, poll, jobs))
     took = time.perf_counter() - began
     with connect(url) as conn:
-        drain = _one(conn, "limits_busy_drain")[0]
+        drain = one(conn, "limits_busy_drain")[0]
     return float(drain) if drain is not None else took
-
-
-def _child(url: str, slots: int, poll: float, total: int) -> None:
-    asyncio.run(_run_until_done(url, slots, poll, total))
 
 
 @dataclass
@@ -120,7 +81,7 @@ def many_keys(url: str, keys: int, per_key: int, seconds: float, processes: int,
             set_limit_sync(conn, f"k{number}", max_running=2)
     total = keys * per_key
     spawn = multiprocessing.get_context("spawn")
-    workers = [spawn.Process(target=_child, args=(url, slots, poll, total))
+    workers = [spawn.Process(target=child, args=(url, slots, poll, total))
                for _ in range(processes)]
     for process in workers:
         process.start()
@@ -142,8 +103,8 @@ def many_keys(url: str, keys: int, per_key: int, seconds: float, processes: int,
     if any(process.exitcode != 0 for process in workers):
         raise click.ClickException("a worker process failed")
     with connect(url) as conn:
-        mean, lowest, counted = _one(conn, "limits_busy_use")
-        drain = _one(conn, "limits_busy_drain")[0]
+        mean, lowest, counted = one(conn, "limits_busy_use")
+        drain = one(conn, "limits_busy_drain")[0]
     return KeysUse(float(mean), float(lowest), int(counted), float(drain))
 
 
@@ -159,7 +120,7 @@ def start_rate(url: str, jobs: int, poll: float) -> Rate:
     with connect(url) as conn:
         set_limit_sync(conn, "rate0", max_starts=10, window=timedelta(seconds=1))
     _insert(url, count=jobs, keys=1, prefix="rate", seconds=0.0)
-    asyncio.run(_run_until_done(url, 20, poll, jobs))
+    asyncio.run(run_until_done(url, 20, poll, jobs))
     with connect(url) as conn:
         starts = [float(str(row[0])) for row in conn.execute(queries.get("limits_busy_starts"))]
     span = starts[-1] - starts[0]
