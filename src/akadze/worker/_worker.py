@@ -121,7 +121,7 @@ class Worker:
         self._wakeup = Wakeup(settings.queues, poll_interval=settings.poll_interval,
                               rand=state.random)
         self._flusher = OutcomeFlusher(state, connections, on_due=self._wakeup.due_at,
-                                       on_room=self._wakeup.notify)
+                                       on_room=self._key_room)
         self._runner = Runner(state, TaskRuntime(state, connections),
                               submit=self._flusher.submit)
         self._leases = LeaseKeeper(state, connections, on_fence=self._give_back_all,
@@ -365,6 +365,13 @@ class Worker:
         self._wake_all()
         self._cancels.poll_soon()
         self._state.events.emit("listening")
+
+    def _key_room(self, queue: str) -> None:
+        """This worker wrote the outcome of a job with a limit key: the key may have
+        room. Listening, the notification of migration 0010 says so a moment later
+        (waking here as well would claim twice); without LISTEN, claim again now."""
+        if not self._listening():
+            self._wakeup.notify(queue)
 
     def _give_back_all(self) -> list[int]:
         """Fenced: give back every unfinished run and every job claimed ahead."""
