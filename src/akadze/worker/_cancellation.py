@@ -5,7 +5,7 @@ the listener hands the notification to :meth:`CancelWatcher.requested`.
 
 A notification is only a hint: PostgreSQL lets any role ``NOTIFY`` on any channel,
 with any payload, whether or not it may read the schema. So the watcher never acts
-on a notification's id: when the id is one of the jobs running here, it reads which
+on a notification's id: when the id is one of the jobs held here, it reads which
 of this worker's running jobs the database marks ``cancel_requested`` (at once),
 and cancels those. Ids of jobs not running here cost nothing.
 
@@ -38,17 +38,20 @@ class CancelWatcher:
     """Turns cancellation requests into calls of ``cancel(job_id)``."""
 
     def __init__(self, state: WorkerState, connections: Connections, *,
-                 cancel: Callable[[int], None], listening: Callable[[], bool]) -> None:
+                 cancel: Callable[[int], None], listening: Callable[[], bool],
+                 holds: Callable[[int], bool]) -> None:
         self._state = state
         self._connections = connections
         self._cancel = cancel
         self._listening = listening
+        self._holds = holds
         self._poll_now = asyncio.Event()
 
     def requested(self, job_id: int) -> None:
         """A cancel notification for ``job_id`` (maybe not a job of this worker, maybe
-        sent by anyone): when the job runs here, ask the database at once."""
-        if job_id in self._state.running:
+        sent by anyone): when the job is here (running, or claimed ahead), ask the
+        database at once."""
+        if self._holds(job_id):
             self._poll_now.set()
 
     def poll_soon(self) -> None:
@@ -60,8 +63,9 @@ class CancelWatcher:
         while True:
             period = state.settings.poll_interval * (10 if self._listening() else 1)
             await wait_for(self._poll_now, period * state.random.uniform(0.8, 1.2))
+            asked = self._poll_now.is_set()  # a notification, or a (re)connected listener
             self._poll_now.clear()
-            if not state.running:
+            if not state.running and not asked:
                 continue
             try:
                 async with self._connections.connection() as conn:
