@@ -26,6 +26,7 @@ EventKind = Literal[
     "fenced",
     "lost",
     "outcomes_written",
+    "cancel_checked",
     "stopping",
     "stopped",
 ]
@@ -33,7 +34,7 @@ EventKind = Literal[
 #: Every kind of event, in the order a worker's life usually shows them.
 EVENT_KINDS: tuple[EventKind, ...] = (
     "started", "ready", "listening", "claimed", "idle", "lease_renewed", "fenced", "lost",
-    "outcomes_written", "stopping", "stopped",
+    "outcomes_written", "cancel_checked", "stopping", "stopped",
 )
 
 
@@ -44,7 +45,8 @@ class WorkerEvent:
     ``kind`` says what happened (see the table in docs/reference/worker.md);
     ``queue`` is set for ``claimed`` and ``idle``; ``job_ids`` holds the jobs
     concerned (claimed, given back when fenced, found lost after a reconnect, outcomes
-    accepted by the fence);
+    accepted by the fence, the running jobs the database marks cancel-requested for
+    ``cancel_checked``);
     ``discarded`` the jobs whose outcome the fence refused (``outcomes_written``);
     ``detail`` is ``"graceful"`` or ``"now"`` for ``stopping``, and what made the
     worker check its runs for ``lost``.
