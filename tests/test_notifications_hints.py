@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from test_worker_support import Events, insert_job, job, wait_event, wait_state
+from worker_support import Events, insert_job, job, wait_event, wait_state
 
 from akadze import Akadze, Worker, request_cancel_sync
 

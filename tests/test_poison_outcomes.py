@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from test_outcomes_sql import running
-from test_worker_support import Events, eventually, insert_job, job
+from worker_support import Events, eventually, insert_job, job
 
 from akadze import Akadze, Worker, current, outcomes
 from akadze.jobs import JobState

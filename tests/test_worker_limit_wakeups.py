@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from test_worker_support import Events, eventually, insert_job
+from worker_support import Events, eventually, insert_job
 
 from akadze import Akadze, Worker, current
 from akadze.limits import set_limit_sync

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import psycopg
-from test_worker_support import Events, eventually
+from worker_support import Events, eventually
 
 from akadze import Akadze, Worker, current, request_cancel
 from akadze.worker import WorkerEvent
