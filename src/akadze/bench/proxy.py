@@ -327,10 +327,17 @@ class Proxy:
         return process_cpu_seconds(self.pid)
 
     def url(self, url: str) -> str:
-        """``url`` with its host and port replaced by this proxy's."""
+        """``url`` (a ``postgresql://`` URL or a ``key=value`` conninfo) with its host
+        and port replaced by this proxy's."""
         if not self.port:
             raise ProxyError("the proxy is not running")
-        return proxied_url(url, self.port)
+        if "://" in url:
+            return proxied_url(url, self.port)
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo  # not in the relay
+
+        params = {k: v for k, v in conninfo_to_dict(url).items() if k != "hostaddr"}
+        params.update(host="127.0.0.1", port=str(self.port))
+        return make_conninfo("", **params)
 
     def close(self) -> None:
         process, self._process = self._process, None
