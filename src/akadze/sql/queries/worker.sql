@@ -185,12 +185,14 @@ RETURNING
 , j.state;
 
 -- name: maintenance_try_lock
--- One maintenance runner at a time across the cluster: a session-level advisory
--- lock taken without waiting ("akadzemt" as a 64-bit number).
-SELECT pg_try_advisory_lock(7019811528365141364);
-
--- name: maintenance_unlock
-SELECT pg_advisory_unlock(7019811528365141364);
+-- One rescuer at a time across the cluster: the first statement of the rescue's
+-- transaction, an advisory lock taken without waiting ("akadzemt" as a 64-bit
+-- number) and held to its COMMIT. Transaction-scoped, not session-level: through
+-- a pooler in transaction mode a session lock and its unlock can land on two
+-- server connections (and a lock left on a pooled server connection would stop
+-- every rescue). Whoever gets it goes on with the rest of the round; rounds may
+-- overlap after the rescue, which every later step allows.
+SELECT pg_try_advisory_xact_lock(7019811528365141364);
 
 -- name: job_for_cancel
 -- Lock the job whose cancellation is requested, to decide between the queued and
