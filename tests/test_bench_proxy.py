@@ -114,3 +114,5 @@ def test_proxied_url_keeps_user_password_and_database() -> None:
     assert (proxied_url("postgresql://u:s3cret@db.example:6543/app?sslmode=disable", 7000)
             == "postgresql://u:s3cret@127.0.0.1:7000/app?sslmode=disable")
     assert proxied_url("postgresql://db/app", 7001) == "postgresql://127.0.0.1:7001/app"
+    assert (proxied_url("host=db hostaddr=10.0.0.1 port=5432 dbname=app user=u", 7002)
+            == "host=127.0.0.1 port=7002 dbname=app user=u")

@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from urllib.parse import unquote, urlsplit
+
+from psycopg.conninfo import conninfo_to_dict
 
 from .proxy import proxied_url
 
@@ -61,11 +62,13 @@ class PgBouncer:
         self._binary = find_pgbouncer()
         if self._binary is None:
             raise PgBouncerMissing("pgbouncer is not installed (apt-get install pgbouncer)")
-        parts = urlsplit(server_url)
-        self._host = parts.hostname or "127.0.0.1"
-        self._port = parts.port or 5432
-        self._user = unquote(parts.username or "postgres")
-        self._password = unquote(parts.password) if parts.password else None
+        # A URL or a conninfo; the host may be a unix socket's directory (?host=/...).
+        params = conninfo_to_dict(server_url)
+        self._host = str(params.get("host") or "127.0.0.1")
+        self._port = int(params.get("port") or 5432)
+        self._user = str(params.get("user") or "postgres")
+        password = params.get("password")
+        self._password = str(password) if password else None
         self.pool_mode = pool_mode
         self.pool_size = pool_size
         self.max_client_conn = max_client_conn
