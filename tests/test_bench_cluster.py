@@ -35,8 +35,9 @@ def test_cluster_bench_measures_every_cell_through_the_proxy(
         assert int(cell["claims/s"]) > 0, cell
         assert cell["claimed twice"] == "0" and cell["errors"] == "0", cell
         if cell["RTT ms"] == "1":
-            # the injected round trip shows in what the proxy measured (a lower bound)
-            assert float(cell["measured +ms"]) >= 0.8, cell
+            # the injected round trip shows in what the bench measured (fastest of 30
+            # each way: a lower bound with room for a machine busy throughout)
+            assert float(cell["measured +ms"]) >= 0.5, cell
         if cell["mode"] == "plain":
             assert cell["turn wait %"] == "-"
         else:
