@@ -32,7 +32,7 @@ def test_cluster_bench_measures_every_cell_through_the_proxy(
     columns = ["claimers", *header]
     for row in rows:
         cell = dict(zip(columns, row, strict=True))
-        assert int(cell["claims/s"]) > 0, cell
+        assert float(cell["claims/s"]) > 0, cell
         assert cell["claimed twice"] == "0" and cell["errors"] == "0", cell
         if cell["RTT ms"] == "1":
             # the injected round trip shows in what the bench measured (fastest of 30

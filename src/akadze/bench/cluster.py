@@ -131,8 +131,12 @@ def measure(conn: Conn, scratch: str, proxy: Proxy, pool: ClaimerPool, cell: Cel
 
 def _settle(cell: Cell, results: Sequence[ClaimerResult], sampler: Sampler,
             start_at: float, end_at: float) -> None:
+    # The window: from the agreed start to the end of the last claim (each claimer
+    # starts its last claim before end_at, so a slow claim still counts), or to the
+    # first claim that found the queue dry.
     dry = [r.dry_at for r in results if r.dry_at is not None]
-    end = min([end_at, *dry])
+    ends = [ended for r in results for ended, _, _ in r.claims]
+    end = min(dry) if dry else max([end_at, *ends])
     cell.dry = bool(dry)
     cell.seconds = max(end - start_at, 1e-9)
     durations: list[float] = []
@@ -170,9 +174,9 @@ def median_cells(cells: Sequence[Cell]) -> list[Cell]:
     merged: list[Cell] = []
     for (claimers, rtt, mode), group in groups.items():
         m = Cell(mode, claimers, rtt)
-        m.seconds = 1.0
-        m.claims = round(_median([c.claims_per_s for c in group]))
-        m.jobs = round(_median([c.jobs_per_s for c in group]))
+        m.seconds = 1000.0  # the medians below are per second, kept to 1/1000
+        m.claims = round(1000 * _median([c.claims_per_s for c in group]))
+        m.jobs = round(1000 * _median([c.jobs_per_s for c in group]))
         m.measured_rtt = _median([c.measured_rtt for c in group])
         m.claim_ms = _median([c.claim_ms for c in group])
         m.turn_share = _median([c.turn_share for c in group])
@@ -202,7 +206,8 @@ def rows(cells: Sequence[Cell]) -> list[tuple[str, ...]]:
         ratio = f"{c.jobs_per_s / zero:.2f}x" if zero else "-"
         out.append((
             str(c.claimers), f"{c.rtt:g}", _f(c.measured_rtt), c.mode,
-            f"{c.claims_per_s:.0f}", f"{c.jobs_per_s:.0f}" + (" (dry)" if c.dry else ""),
+            f"{c.claims_per_s:.1f}" if c.claims_per_s < 100 else f"{c.claims_per_s:.0f}",
+            f"{c.jobs_per_s:.0f}" + (" (dry)" if c.dry else ""),
             _f(c.claim_ms), _f(100 * c.turn_share, 0) if c.mode != "plain" else "-",
             _f(c.turn_ms_per_claim) if c.mode != "plain" else "-",
             _f(100 * c.server_cpu, 0), _f(100 * c.proxy_cpu, 0), ratio,
@@ -225,9 +230,10 @@ def write_report(path: Path, host: dict[str, str], load: str, options: dict[str,
         f"(`akadze.bench.proxy`, a process of its own on 127.0.0.1) that adds half the "
         f"injected round trip in each direction; each claims up to {SLOTS} and completes "
         f"them at once with a fenced UPDATE on the same connection (one round trip "
-        f"outside the turn), for up to {options['seconds']:g} s or until the queue is dry "
-        f"(marked). Medians of {options['rounds']} round(s); within a setting the modes "
-        "run one after the other, alternating, so they share the machine's moment.",
+        f"outside the turn); claims start for {options['seconds']:g} s (the window ends "
+        f"with the last of them) or until the queue is dry (marked). Medians of "
+        f"{options['rounds']} round(s); within a setting the modes run one after the "
+        "other, alternating, so they share the machine's moment.",
         "",
         "- *plain*: the uncoordinated floor, one `FOR UPDATE SKIP LOCKED` statement "
         "(`cluster_plain_claim`): no limits, no fair turns, no queue turn. *fifo*: "

@@ -44,10 +44,6 @@ class Settings:
     transaction_pooling: bool = False
 
     @property
-    def total_slots(self) -> int:
-        return self.slots * len(self.queues)
-
-    @property
     def max_pending(self) -> int:
         """Outcomes waiting to be written beyond which claiming pauses."""
         return max(2 * self.slots * len(self.queues), 1_000)
