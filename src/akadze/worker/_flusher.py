@@ -28,15 +28,19 @@ logger = logging.getLogger("akadze.worker")
 MAX_BATCH = 5_000
 
 OnDue = Callable[[str, float], None]
+#: Told the queues of written outcomes of jobs with a limit key: their keys have room.
+OnRoom = Callable[[str], None]
 
 
 class OutcomeFlusher:
     """Pending finishes and their writing."""
 
-    def __init__(self, state: WorkerState, connections: Connections, *, on_due: OnDue) -> None:
+    def __init__(self, state: WorkerState, connections: Connections, *, on_due: OnDue,
+                 on_room: OnRoom | None = None) -> None:
         self._state = state
         self._connections = connections
         self._on_due = on_due
+        self._on_room = on_room
         self._pending: list[outcomes.Finish] = []
         self._wanted = asyncio.Event()
         self._write_lock = asyncio.Lock()
@@ -73,9 +77,12 @@ class OutcomeFlusher:
         del self._pending[: len(batch)]
         now = asyncio.get_running_loop().time()
         discarded: list[int] = []
+        roomy: set[str] = set()
         for finish in batch:
             job = finish.job
             if job.id in accepted:
+                if job.limit_key is not None:
+                    roomy.add(job.queue)
                 if finish.delay is not None and finish.state.value == "queued":
                     self._on_due(job.queue, now + finish.delay)
                 continue
@@ -88,6 +95,9 @@ class OutcomeFlusher:
                 "job %d (%s): outcome %s discarded: the job is no longer this run's "
                 "(rescued, cancelled or timed out meanwhile)", job.id, job.task,
                 finish.kind, extra={"job_id": job.id, "task": job.task})
+        if self._on_room is not None:
+            for queue in roomy:  # a slot of a key may have freed: claim again now
+                self._on_room(queue)
         events = self._state.events
         if events.wanted:
             events.emit("outcomes_written", job_ids=sorted(accepted), discarded=discarded)

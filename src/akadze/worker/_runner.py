@@ -121,6 +121,12 @@ class Runner:
         """Give back a job that was claimed but will not run here."""
         self._count_and_submit(outcomes.given_back(job))
 
+    def cancel_unstarted(self, job: ClaimedJob) -> None:
+        """End a job that was claimed but never started as cancelled (its
+        cancellation was requested while it waited for a slot)."""
+        self._count_and_submit(outcomes.cancelled(
+            job, self._settings.wall_now(), "cancellation was requested before it started"))
+
     def tasks(self) -> list[asyncio.Task[None]]:
         """The asyncio tasks of the runs in progress."""
         return [run.aio for run in self._state.running.values() if run.aio is not None]
