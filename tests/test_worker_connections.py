@@ -30,7 +30,7 @@ def test_the_budget_is_shared_out_exactly(queues: int, listen: bool, plain: bool
     assert budget.total == connections
     assert budget.listen == int(listen)
     assert 1 <= budget.claims <= queues
-    assert budget.general >= 1
+    assert budget.general >= 2
     assert (budget.sync >= 1) == plain
 
 
@@ -53,8 +53,8 @@ def _app(database_url: str, *, plain: bool) -> Akadze:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"connections": 3}, "connections must be at least 4 for this worker (claims 1, "
-                         "outcomes and heartbeats 1, LISTEN 1, complete_tx of plain tasks 1)"),
+    ({"connections": 4}, "connections must be at least 5 for this worker (claims 1, "
+                         "outcomes and heartbeats 2, LISTEN 1, complete_tx of plain tasks 1)"),
     ({"connections": 0}, "connections must be a positive integer"),
     ({"connections": 5, "pool_size": 3}, "give connections or pool_size"),
 ])
@@ -65,15 +65,15 @@ def test_a_budget_too_small_is_refused(database_url: str, kwargs: dict[str, Any]
     assert message in str(info.value)
 
 
-def test_without_listen_or_plain_tasks_two_are_enough(database_url: str) -> None:
-    worker = Worker(_app(database_url, plain=False), listen=False, connections=2)
+def test_without_listen_or_plain_tasks_three_are_enough(database_url: str) -> None:
+    worker = Worker(_app(database_url, plain=False), listen=False, connections=3)
     assert worker.listen is False
 
 
 async def test_a_busy_worker_stays_within_its_budget(database_url: str, conn: Conn) -> None:
     """Two queues of 20 slots, plain and async tasks all writing in complete_tx (the
     most a worker opens): the default budget is 3 + 40 / 10 = 7, and the peak seen in
-    pg_stat_activity stays within it, also with an explicit smaller one."""
+    pg_stat_activity stays within it, also with the smallest this worker accepts (5)."""
     app = Akadze(database_url=database_url)
 
     @app.task("pt", queue="a")
@@ -88,7 +88,7 @@ async def test_a_busy_worker_stays_within_its_budget(database_url: str, conn: Co
         async with current().complete_tx() as tx:
             await tx.execute("SELECT pg_sleep(0.005)")
 
-    for budget, jobs in ((None, 150), (4, 60)):
+    for budget, jobs in ((None, 150), (5, 60)):
         conn.execute("DELETE FROM akadze.jobs")
         with psycopg.connect(database_url) as enqueuing:
             pt.using(session=enqueuing).enqueue_many_sync([{}] * jobs)

@@ -55,13 +55,13 @@ class Budget:
 def split_budget(connections: int, queues: int, listen: bool, plain: bool) -> Budget:
     """Share ``connections`` out: LISTEN 1 (when listening); claims a third of the
     rest, at least 1 and at most one per queue; the sync pool (plain tasks only) a
-    third of what is left, at least 1; the general pool the remainder, at least 1.
+    third of what is left, at least 1; the general pool the remainder, at least 2.
     ``connections`` is at least the minimum (settings checked it)."""
     rest = connections - int(listen)
     claims = max(1, min(queues, rest // 3))
     sync = max(1, (rest - claims) // 3) if plain else 0
     general = rest - claims - sync
-    if general < 1:
+    if general < 2:
         raise WorkerError(f"{connections} connections are too few for this worker")
     return Budget(int(listen), claims, general, sync)
 
