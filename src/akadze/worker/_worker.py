@@ -137,7 +137,7 @@ class Worker:
                                    on_unfence=self._wake_all)
         self._listener: Listener | None = None
         self._cancels = CancelWatcher(state, owner, cancel=self._cancel,
-                                      listening=self._listening)
+                                      listening=self._listening, holds=self._holds)
         self._claim_loops = {
             name: ClaimLoop(name, state, owner, self._wakeup,
                             start=self._runner.start, hand_back=self._runner.hand_back,
@@ -394,6 +394,11 @@ class Worker:
         running one is ended by the runner."""
         if not any(claims.cancel_buffered(job_id) for claims in self._claim_loops.values()):
             self._runner.cancel(job_id)
+
+    def _holds(self, job_id: int) -> bool:
+        """Whether ``job_id`` runs here or waits here, claimed ahead."""
+        return job_id in self._state.running or any(
+            job_id in claims.buffered_ids() for claims in self._claim_loops.values())
 
     def _known_jobs(self) -> set[int]:
         """The jobs this worker knows it has: running, or waiting for their outcome."""
