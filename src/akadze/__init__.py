@@ -7,6 +7,7 @@ in ``docs/reference/api.md`` (a test keeps the two lists equal).
 from __future__ import annotations
 
 from .app import Akadze
+from .backoff import BackoffPolicy
 from .cancellation import request_cancel, request_cancel_sync
 from .control import (
     pause_queue,
@@ -48,7 +49,7 @@ from .limits import (
     set_limit,
     set_limit_sync,
 )
-from .migrate import migrate, migrate_sync
+from .migrate import applied_versions, migrate, migrate_sync
 from .outcomes import Cancel, Fail, Retry, Snooze, TaskOutcome
 from .overview import (
     JobSummary,
@@ -75,6 +76,7 @@ __all__ = [
     "Akadze",
     "AkadzeError",
     "AsyncHookError",
+    "BackoffPolicy",
     "Cancel",
     "ClaimedJob",
     "ConfigurationError",
@@ -115,6 +117,7 @@ __all__ = [
     "WorkerEvent",
     "WorkerSummary",
     "__version__",
+    "applied_versions",
     "clear_limit",
     "clear_limit_sync",
     "current",

@@ -70,3 +70,45 @@ RELEASE SAVEPOINT akadze_enqueue
 -- take the default of (run_at, limit_key, meta, expires_at), which saves
 -- bytes on the wire and parsing on the server.
 COPY akadze.jobs ({columns}) FROM STDIN
+
+-- name: unique_lock
+-- Uniqueness over time (akadze.uniqueness): the keys of an enqueue, locked until the
+-- caller's transaction ends, in the order given (sorted: two enqueues of the same
+-- keys cannot deadlock). A second enqueue of a key waits here until the first
+-- commits; its next statement (unique_holders) then runs on a fresh snapshot and sees
+-- the job the first inserted. That holds under READ COMMITTED only: a transaction of
+-- a stricter level keeps the snapshot of its first statement, so the isolation is
+-- returned and such an enqueue refused. The seed keeps these locks apart from other
+-- users of 64-bit advisory locks on the same text ("akadzeuk").
+SELECT current_setting('transaction_isolation'),
+       (SELECT count(pg_advisory_xact_lock(hashtextextended(k, 7019811528365143403)))
+        FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS u(k, n))
+
+-- name: unique_holders
+-- The jobs that hold the keys: every one not finished, and those finished within
+-- %(period)s seconds (the longest unique_for of the enqueue; NULL: none), on
+-- jobs_unique_key_idx. now() is returned for the period of each item.
+SELECT j.unique_key, j.id, j.state::text, j.finished_at, now()
+FROM akadze.jobs AS j
+WHERE j.unique_key = ANY (%(keys)s::text[])
+  AND (j.state NOT IN ('succeeded', 'failed', 'cancelled')
+       OR j.finished_at >= now() - %(period)s::float8 * interval '1 second')
+
+-- name: unique_replace
+-- on_duplicate="replace": the jobs that hold the keys and have not started take the
+-- new arguments and, unless keep_run_at, the new run_at (the database clock plus the
+-- delay, as enqueue_job). A job claimed since unique_holders read it is left alone
+-- (absent from RETURNING): the enqueue then inserts, as a running holder never blocks
+-- a replace. Workers of the queue are told (a run_at moved earlier is ready sooner).
+WITH replaced AS (
+    UPDATE akadze.jobs AS j
+    SET args = r.args::jsonb,
+        run_at = CASE WHEN r.keep THEN j.run_at
+                      ELSE coalesce(r.run_at, now() + r.delay * interval '1 second') END
+    FROM unnest(%(ids)s::bigint[], %(args)s::text[], %(keep)s::boolean[],
+                %(run_ats)s::timestamptz[], %(delays)s::float8[])
+         AS r(id, args, keep, run_at, delay)
+    WHERE j.id = r.id AND j.state NOT IN ('running', 'succeeded', 'failed', 'cancelled')
+    RETURNING j.id, j.queue
+)
+SELECT id, pg_notify('akadze_jobs', queue) FROM replaced
