@@ -170,44 +170,50 @@ def test_requeue_is_refused_while_another_job_holds_the_key(
     assert [row[1] for row in _jobs(conn, "k")] == ["queued", "succeeded"]
 
 
+def _race(database_url: str, hello: Any, key: str, mode: str, threads: int
+          ) -> tuple[list[int], list[DuplicateJob]]:
+    """``threads`` enqueues of ``key`` at once, each in a transaction that stays open a
+    little after its enqueue; the ids answered and the refusals."""
+    start = threading.Barrier(threads)
+    answers: list[int] = []
+    duplicates: list[DuplicateJob] = []
+    lock = threading.Lock()
+
+    def enqueue(n: int) -> None:
+        with psycopg.connect(database_url) as mine:
+            start.wait()
+            try:
+                job_id = hello.using(session=mine, unique_key=key, on_duplicate=mode,
+                                     unique_for=timedelta(hours=1)).enqueue_sync(name=f"t{n}")
+                mine.execute("SELECT pg_sleep(0.01)")  # the commit comes later
+                mine.commit()
+            except DuplicateJob as exc:
+                with lock:
+                    duplicates.append(exc)
+                return
+            with lock:
+                answers.append(job_id)
+
+    pool = [threading.Thread(target=enqueue, args=(n,)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return answers, duplicates
+
+
 @pytest.mark.parametrize("mode", ["raise", "ignore", "replace"])
 def test_concurrent_enqueues_of_one_key(database_url: str, conn: Any, hello: Any,
                                         mode: str) -> None:
-    # Many threads enqueue the same key at once, each in a transaction that stays open
-    # a little after its enqueue; a finished job within the period holds it for half
-    # of the rounds. Exactly one job may hold the key afterwards, whatever the mode.
+    # A finished job within the period holds the key for half of the rounds. Exactly one
+    # job may hold the key afterwards, whatever the mode.
     threads, rounds = 12, 4
     for round_ in range(rounds):
         key = f"k{round_}"
         if round_ % 2:
             done = hello.using(unique_key=key).enqueue_sync(name="done")
             _finish(conn, done)
-        start = threading.Barrier(threads)
-        answers: list[int] = []
-        duplicates: list[DuplicateJob] = []
-        lock = threading.Lock()
-
-        def enqueue(n: int, key: str = key, start: threading.Barrier = start) -> None:
-            with psycopg.connect(database_url) as mine:
-                start.wait()
-                try:
-                    job_id = hello.using(session=mine, unique_key=key, on_duplicate=mode,
-                                         unique_for=timedelta(hours=1)).enqueue_sync(
-                        name=f"t{n}")
-                    mine.execute("SELECT pg_sleep(0.01)")  # the commit comes later
-                    mine.commit()
-                except DuplicateJob as exc:
-                    with lock:
-                        duplicates.append(exc)
-                    return
-                with lock:
-                    answers.append(job_id)
-
-        pool = [threading.Thread(target=enqueue, args=(n,)) for n in range(threads)]
-        for thread in pool:
-            thread.start()
-        for thread in pool:
-            thread.join()
+        answers, duplicates = _race(database_url, hello, key, mode, threads)
         rows = _jobs(conn, key)
         active = [row for row in rows if row[1] == "queued"]
         if round_ % 2:  # the finished job holds the key: nothing is inserted

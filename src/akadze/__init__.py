@@ -7,6 +7,7 @@ in ``docs/reference/api.md`` (a test keeps the two lists equal).
 from __future__ import annotations
 
 from .app import Akadze
+from .awaiting import wait_for, wait_for_sync
 from .backoff import BackoffPolicy
 from .cancellation import request_cancel, request_cancel_sync
 from .control import (
@@ -145,4 +146,6 @@ __all__ = [
     "retry_now_sync",
     "set_limit",
     "set_limit_sync",
+    "wait_for",
+    "wait_for_sync",
 ]

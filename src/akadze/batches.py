@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from . import arguments
+from . import arguments, dependencies
+from .dependencies import Start
 from .errors import EnqueueError
 from .jobs import EnqueuedJob
 from .jobspec import Job, Options, TaskSpec, build_options
@@ -63,6 +64,18 @@ class Batch:
     # Options that replace an item's for its row (a replaced duplicate keeping its
     # run_at), by item index.
     row_options: dict[int, Options] = field(default_factory=dict)
+    # The graph (akadze.dependencies), by item index: the items each item waits for,
+    # and the ids of existing jobs it waits for.
+    item_parents: dict[int, list[int]] = field(default_factory=dict)
+    job_parents: dict[int, list[int]] = field(default_factory=dict)
+    # How each inserted row starts (state, parents not done), by item index, and the
+    # items that are parents of other rows (copied with dependents = true); set by
+    # akadze.workflows before the COPY.
+    starts: dict[int, Start] = field(default_factory=dict)
+    parent_rows: frozenset[int] = frozenset()
+    # (child item, parent, parent is an item, parent had ended) of the rows' edges:
+    # the parent is an item index when it is an item, else an existing job's id.
+    edges: list[tuple[int, int, bool, bool]] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -109,6 +122,14 @@ class Batch:
             tail.append(r"\N" if options.unique_key is None else copy_text(options.unique_key))
         return head, "\t" + "\t".join(tail) + "\n"
 
+    def _graph_tail(self, index: int) -> str:
+        """The state, waiting_for and dependents of a row (the last COPY columns)."""
+        if "state" not in self.columns:
+            return ""
+        start = self.starts.get(index)
+        state, waiting = ("queued", 0) if start is None else (start.state, start.waiting_for)
+        return f"\t{state}\t{waiting}\t{'t' if index in self.parent_rows else 'f'}"
+
     def serialize(self, indexes: Sequence[int]) -> list[str]:
         """The JSON text of the arguments of the items at ``indexes`` (the rows of a
         batch that inserts some of its items, the arguments of replaced duplicates)."""
@@ -131,7 +152,8 @@ class Batch:
         shared = self._row_parts(self.options, now)
         parts_by_options: dict[int, tuple[str, str]] = {id(self.options): shared}
         rows = self.inserted
-        uniform = self.item_options is None and not self.row_options
+        uniform = self.item_options is None and not self.row_options and (
+            "state" not in self.columns)
         self.args = []
         for start in range(0, len(rows), COPY_CHUNK_ROWS):
             stop = min(start + COPY_CHUNK_ROWS, len(rows))
@@ -153,7 +175,10 @@ class Batch:
                 parts = parts_by_options.get(id(options))
                 if parts is None:
                     parts = parts_by_options[id(options)] = self._row_parts(options, now)
-                out.append(f"{i}{parts[0]}{a}{parts[1]}")
+                if "state" in self.columns:
+                    out.append(f"{i}{parts[0]}{a}{parts[1][:-1]}{self._graph_tail(index)}\n")
+                else:
+                    out.append(f"{i}{parts[0]}{a}{parts[1]}")
             yield "".join(out)
 
     def enqueued(self, ids: Sequence[int], now: datetime) -> Iterator[EnqueuedJob]:
@@ -186,6 +211,48 @@ def _columns(all_options: Iterable[Options]) -> tuple[str, ...]:
         if used
     ]
     return (*_BASE_COLUMNS, *extra)
+
+
+GRAPH_COLUMNS = ("state", "waiting_for", "dependents")
+
+
+def _graph(listed: list[Mapping[str, Any] | Job], item_options: list[Options] | None,
+           options: Options) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """The items each item waits for and the existing jobs it waits for. A Job named in
+    ``after`` must be an item of the call, once; the graph of the items must be
+    acyclic."""
+    every = [options] * len(listed) if item_options is None else item_options
+    if not any(o.after for o in every):
+        return {}, {}
+    position: dict[int, int] = {}
+    twice: set[int] = set()
+    for index, item in enumerate(listed):
+        if isinstance(item, Job):
+            if id(item) in position:
+                twice.add(id(item))
+            position.setdefault(id(item), index)
+    items: dict[int, list[int]] = {}
+    jobs: dict[int, list[int]] = {}
+    for index, opts in enumerate(every):
+        for parent in opts.after:
+            if isinstance(parent, int):
+                jobs.setdefault(index, []).append(parent)
+                continue
+            found = position.get(id(parent))
+            if found is None or id(parent) in twice:
+                why = "is not an item of this call" if found is None else (
+                    "is an item of this call more than once")
+                raise EnqueueError(f"item {index}: after names an akadze.Job that {why}",
+                                   field="after")
+            if found == index:
+                raise EnqueueError(f"item {index}: a job cannot wait for itself",
+                                   field="after")
+            items.setdefault(index, []).append(found)
+    cycle = dependencies.find_cycle(items)
+    if cycle is not None:
+        shown = " -> ".join(f"item {i}" for i in cycle)
+        raise EnqueueError(f"after makes a cycle: {shown}", field="after")
+    return items, jobs
 
 
 def check_bulk(items: object) -> None:
@@ -234,6 +301,10 @@ def build_batch(
                 f"{type(item).__name__}",
                 field="items",
             )
+    item_parents, job_parents = _graph(listed, item_options, options)
     validated = arguments.validate_many(task, arg_dicts)
     columns = _columns([options] if item_options is None else [options, *item_options])
-    return Batch(task, options, arg_dicts, validated, item_options, columns, items=listed)
+    if item_parents or job_parents:
+        columns = (*columns, *GRAPH_COLUMNS)
+    return Batch(task, options, arg_dicts, validated, item_options, columns, items=listed,
+                 item_parents=item_parents, job_parents=job_parents)

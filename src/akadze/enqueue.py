@@ -25,7 +25,7 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.types.json import Jsonb
 
-from . import dialog, hooks, queries, sessions, uniqueness
+from . import dialog, hooks, queries, sessions, uniqueness, workflows
 from .batches import Batch, build_batch, check_bulk
 from .clock import Clock
 from .dialog import Dialog
@@ -119,6 +119,7 @@ class Enqueuer:
 
     def _pending(self, kwargs: dict[str, Any]) -> Pending:
         _check_registered(self.task)
+        workflows.check_single(self.options)
         return build_pending(self.task, self.options, kwargs)
 
     def _items(self, items: Iterable[Mapping[str, Any] | Job]) -> list[Mapping[str, Any] | Job]:
@@ -215,6 +216,8 @@ def _params(pending: Pending) -> dict[str, Any]:
         "unique_key": options.unique_key,
         "expires_at": options.expires_at,
         "meta": options.meta_json,
+        "state": "queued",
+        "waiting_for": 0,
     }
 
 
@@ -321,9 +324,15 @@ def insert_one(pending: Pending, on_enqueue: Sequence[Hook], *, guard: bool) -> 
         if existing is not None:
             job_id = existing
         else:
-            row = yield from dialog.one(queries.get("enqueue_job"), _params(pending))
+            params = _params(pending)
+            if pending.options.after:
+                begun, states = yield from workflows.plan_one(pending.options)
+                params.update(state=begun.state, waiting_for=begun.waiting_for)
+            row = yield from dialog.one(queries.get("enqueue_job"), params)
             assert row is not None
             job_id, run_at = row
+            if pending.options.after:
+                yield from workflows.write_one(job_id, pending.options, begun, states)
             yield from dialog.call_hooks(on_enqueue, pending.enqueued(job_id, run_at),
                                          kind="on_enqueue", where="a sync enqueue")
     except GeneratorExit:
@@ -390,8 +399,12 @@ def insert_many(
         if batch.unique_keys():
             answers = yield from _unique_batch(batch, now)
             ids = [reserved[i] for i in batch.inserted]
+        if batch.item_parents or batch.job_parents:
+            yield from workflows.plan_batch(batch, answers)
         if ids:
             yield from dialog.copy_in(_copy_statement(batch), batch.copy_chunks(ids, now))
+        if batch.edges:
+            yield from workflows.write_batch(batch, {i: reserved[i] for i in batch.inserted})
         if on_enqueue:
             for job in batch.enqueued(ids, now):
                 yield from dialog.call_hooks(on_enqueue, job, kind="on_enqueue",

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 
 class JobState(enum.StrEnum):
+    WAITING = "waiting"
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"

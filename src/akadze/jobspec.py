@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypedDict, Unpack, cast
@@ -72,6 +72,8 @@ class JobOptions(PlacementOptions, total=False):
     unique_for: timedelta | float | None
     on_duplicate: str | None
     keep_run_at: bool | None
+    after: Sequence[int | Job] | None
+    after_policy: str | None
 
 
 class EnqueueOptions(JobOptions, total=False):

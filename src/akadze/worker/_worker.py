@@ -42,6 +42,7 @@ from ._events import EventCallback
 from ._flusher import OutcomeFlusher
 from ._leases import LeaseKeeper
 from ._maintenance import MaintenanceLoop
+from ._progress import ProgressWriter
 from ._runner import Runner, TaskRuntime
 from ._settings import build_settings
 from ._shutdown import shut_down
@@ -121,7 +122,8 @@ class Worker:
         self._wakeup = Wakeup(settings.queues, poll_interval=settings.poll_interval,
                               rand=state.random)
         self._flusher = OutcomeFlusher(state, connections, on_due=self._wakeup.due_at)
-        self._runner = Runner(state, TaskRuntime(state, connections),
+        self._progress = ProgressWriter(state, connections)
+        self._runner = Runner(state, TaskRuntime(state, connections, self._progress),
                               submit=self._flusher.submit)
         self._leases = LeaseKeeper(state, connections, on_fence=self._runner.give_back_unfinished,
                                    on_unfence=self._wake_all)
@@ -214,6 +216,7 @@ class Worker:
             self._spawn(self._leases.run(), "heartbeat")
             self._spawn(self._flusher.run(), "outcomes")
             self._spawn(self._cancels.run(), "cancel poll")
+            self._spawn(self._progress.run(), "progress")
             if self._maintenance is not None:
                 self._spawn(self._maintenance.run(), "maintenance")
             if self.listen:

@@ -9,18 +9,19 @@
 -- limited: whether the key has a limits row, which is locked FOR KEY SHARE until
 -- the caller's transaction ends, so that clear_limit cannot remove it before
 -- this job is visible to clear it too (migration 0005). A job without a key
--- probes nothing (key = NULL matches no row).
+-- probes nothing (key = NULL matches no row). state is 'waiting' for a job with
+-- parents not yet done (waiting_for of them), else 'queued'.
 WITH limit_row AS (
     SELECT 1 FROM akadze.limits l WHERE l.key = %(limit_key)s FOR KEY SHARE
 )
 INSERT INTO akadze.jobs
     (queue, task, args, priority, run_at, max_attempts, limit_key, unique_key,
-     expires_at, meta, limited)
+     expires_at, meta, limited, state, waiting_for)
 VALUES
     (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
      COALESCE(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(max_attempts)s,
      %(limit_key)s, %(unique_key)s, %(expires_at)s::timestamptz, %(meta)s::jsonb,
-     EXISTS (SELECT 1 FROM limit_row))
+     EXISTS (SELECT 1 FROM limit_row), %(state)s::akadze.job_state, %(waiting_for)s)
 RETURNING id, run_at
 
 -- name: reserve_job_ids
@@ -112,3 +113,40 @@ WITH replaced AS (
     RETURNING j.id, j.queue
 )
 SELECT id, pg_notify('akadze_jobs', queue) FROM replaced
+
+-- name: parents_lock
+-- The existing parents of new jobs (after=[ids]): flagged, so that their terminal
+-- write counts the new edges (the trigger jobs_finished, migration 0011), and their
+-- state read. The UPDATE takes each parent's row lock: a parent whose outcome is
+-- being written right now is waited for and read after that commit; one written
+-- after this statement waits for the caller's commit, and its trigger's statements
+-- then see the new edges. Ids that name no job are absent from RETURNING. (A row
+-- lock on a queued parent makes the claim pass it over until the enqueue commits.)
+UPDATE akadze.jobs AS j SET dependents = true
+WHERE j.id = ANY (%(ids)s::bigint[])
+RETURNING j.id, j.state::text
+
+-- name: dependencies_insert
+-- The edges of one new job; done for the parents that had already ended.
+INSERT INTO akadze.job_dependencies (child_id, parent_id, run_anyway, done)
+SELECT %(child)s, p.parent, %(run_anyway)s, p.done
+FROM unnest(%(parents)s::bigint[], %(done)s::boolean[]) AS p(parent, done)
+
+-- name: copy_dependencies
+-- The edges of a bulk enqueue.
+COPY akadze.job_dependencies (child_id, parent_id, run_anyway, done) FROM STDIN
+
+-- name: dependencies_cancel
+-- New jobs whose parent had already failed or been cancelled when they were enqueued
+-- (after_policy "cancel"): cancelled at once, naming that parent, as its terminal
+-- write would have done. Their own children, items of the same call, are cancelled in
+-- turn by the trigger jobs_finished (this is their parents' terminal write).
+UPDATE akadze.jobs AS c
+SET state = 'cancelled',
+    finished_at = now(),
+    errors = akadze.append_error(c.errors, jsonb_build_object(
+        'attempt', c.attempt, 'at', now(), 'error', 'ParentFailed', 'parent', x.parent,
+        'message', format('cancelled: parent job %%s %%s', x.parent, p.state)))
+FROM unnest(%(ids)s::bigint[], %(parents)s::bigint[]) AS x(id, parent)
+JOIN akadze.jobs AS p ON p.id = x.parent
+WHERE c.id = x.id AND c.state = 'waiting'

@@ -1,0 +1,41 @@
+-- Workflows, awaited results and progress as the running job and its waiters see them
+-- (migration 0011). The enqueue side is in enqueue.sql.
+
+-- name: job_parent_results
+-- current().parent_results(): the parents of a job with their states and results,
+-- on the primary key of job_dependencies (child_id first).
+SELECT d.parent_id, p.state::text, p.result
+FROM akadze.job_dependencies AS d
+JOIN akadze.jobs AS p ON p.id = d.parent_id
+WHERE d.child_id = %(id)s
+ORDER BY d.parent_id;
+
+-- name: progress_write
+-- What running tasks reported (current().progress), coalesced by the worker to at
+-- most one write a second per job, all pending jobs in one statement. Fenced as the
+-- outcome writes are: a job that is no longer this run's is left alone.
+UPDATE akadze.jobs AS j
+SET progress = p.fraction,
+    progress_message = p.message,
+    progress_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(fractions)s::float8[],
+            %(messages)s::text[]) AS p(id, run_count, fraction, message)
+WHERE j.id = p.id AND j.run_count = p.run_count AND j.state = 'running';
+
+-- name: wait_mark
+-- wait_for: the job is marked awaited, so that its terminal write notifies
+-- akadze_done (the trigger jobs_finished tests the flag, and jobs nobody waits for
+-- notify nothing). The mark takes the row lock: a terminal write in flight is waited
+-- for, and the state returned is what it committed; a terminal write after this
+-- commit sees the flag. Returns nothing for an unknown id.
+UPDATE akadze.jobs SET awaited = true WHERE id = %(id)s RETURNING state::text;
+
+-- name: wait_state
+-- wait_for's poll (and its check after each notification).
+SELECT state::text FROM akadze.jobs WHERE id = %(id)s;
+
+-- name: wait_listen
+LISTEN akadze_done;
+
+-- name: wait_unlisten
+UNLISTEN akadze_done;
