@@ -39,3 +39,13 @@ LISTEN akadze_done;
 
 -- name: wait_unlisten
 UNLISTEN akadze_done;
+
+-- name: metrics_progress
+-- akadze_job_progress: the running jobs that reported progress, on the small partial
+-- index of running rows; at most 1 000 (one series per job: a gauge for the
+-- long jobs one follows, not for a backlog).
+SELECT j.id, j.queue, j.task, j.progress
+FROM akadze.jobs AS j
+WHERE j.state = 'running' AND j.progress IS NOT NULL
+ORDER BY j.id
+LIMIT 1000;
