@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from test_worker_support import eventually
 
-from akadze import AkadzeError, Akadze, JobState, Worker, current, get_job_sync
+from akadze import Akadze, AkadzeError, JobState, Worker, current, get_job_sync
 from akadze.metrics import render_sync
 
 COUNT_WRITES = """
