@@ -12,15 +12,16 @@ ORDER BY d.parent_id;
 
 -- name: progress_write
 -- What running tasks reported (current().progress), coalesced by the worker to at
--- most one write a second per job, all pending jobs in one statement. Fenced as the
--- outcome writes are: a job that is no longer this run's is left alone.
+-- most one write a second per job, all pending jobs in one statement. Fenced by the
+-- run (run_count), not by the state: the last report of a short run often comes
+-- after its outcome, and is kept; a job claimed again since is left alone.
 UPDATE akadze.jobs AS j
 SET progress = p.fraction,
     progress_message = p.message,
     progress_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(fractions)s::float8[],
             %(messages)s::text[]) AS p(id, run_count, fraction, message)
-WHERE j.id = p.id AND j.run_count = p.run_count AND j.state = 'running';
+WHERE j.id = p.id AND j.run_count = p.run_count;
 
 -- name: wait_mark
 -- wait_for: the job is marked awaited, so that its terminal write notifies
