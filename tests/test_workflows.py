@@ -4,6 +4,7 @@ in the transaction of their parent's terminal write, refused graphs, retention, 
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -247,3 +248,41 @@ def test_children_are_released_once_under_concurrent_workers(
     runs = conn.execute("SELECT count(*) FROM akadze.jobs WHERE id = ANY(%s) AND run_count = 1",
                         (children,)).fetchone()
     assert runs == (40,)
+
+
+def test_children_enqueued_while_their_parents_finish_are_never_stuck(
+        app: Akadze, database_url: str, conn: Any, flow: dict[str, Any]) -> None:
+    # Parents are finished (as a worker's outcome write would) in one thread while
+    # children naming them are enqueued in others: a child sees each parent either
+    # finished before its enqueue or counts it at the parent's commit; none is left
+    # waiting once every parent has succeeded, and none is released early.
+    parents = flow["step"].using().enqueue_many_sync([{"n": i} for i in range(60)])
+    conn.execute("UPDATE akadze.jobs SET state = 'running' WHERE id = ANY(%s)", (parents,))
+    go = threading.Barrier(4)
+    children: list[int] = []
+    lock = threading.Lock()
+
+    def finish() -> None:
+        with psycopg.connect(database_url, autocommit=True) as mine:
+            go.wait()
+            for parent in parents:
+                mine.execute("UPDATE akadze.jobs SET state = 'succeeded', finished_at = now() "
+                             "WHERE id = %s", (parent,))
+
+    def enqueue(offset: int) -> None:
+        go.wait()
+        for c in range(20):
+            picked = [parents[(offset * 7 + c * 3 + k) % 60] for k in range(5)]
+            child = flow["step"].using(after=picked).enqueue_sync(n=1000 + c)
+            with lock:
+                children.append(child)
+
+    threads = [threading.Thread(target=finish)] + [
+        threading.Thread(target=enqueue, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rows = conn.execute("SELECT state::text, waiting_for FROM akadze.jobs WHERE id = ANY(%s)",
+                        (children,)).fetchall()
+    assert len(rows) == 60 and set(rows) == {("queued", 0)}
