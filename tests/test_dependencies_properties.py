@@ -3,6 +3,8 @@ exactly when the graph has one, and a new job starts as its parents say."""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -31,7 +33,7 @@ def test_a_cycle_is_found_exactly_when_there_is_one(edges: dict[int, list[int]])
     assert (cycle is None) == _acyclic(edges)
     if cycle is not None:
         assert cycle[0] == cycle[-1] and len(cycle) >= 2
-        for child, parent in zip(cycle, cycle[1:], strict=False):
+        for child, parent in itertools.pairwise(cycle):
             assert parent in edges.get(child, ())
 
 
