@@ -82,7 +82,7 @@ def _items(jobs: int) -> list[dict[str, Any]]:
 
 
 def _empty(conn: Conn) -> None:
-    conn.execute("TRUNCATE akadze.jobs")
+    conn.execute("TRUNCATE akadze.jobs, akadze.job_dependencies")  # edges reference jobs
     conn.commit()
 
 
