@@ -37,6 +37,7 @@ from .errors import (
     MigrationError,
     ScheduleError,
     UnknownTask,
+    UnstorableResult,
     WorkerError,
 )
 from .jobs import ClaimedJob, EnqueuedJob, JobState
@@ -113,6 +114,7 @@ __all__ = [
     "Task",
     "TaskOutcome",
     "UnknownTask",
+    "UnstorableResult",
     "Worker",
     "WorkerError",
     "WorkerEvent",

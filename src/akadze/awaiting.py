@@ -4,7 +4,7 @@ cancelled, and raise ``TimeoutError`` when the timeout passes first.
 
 The waiter marks the job ``awaited`` (one row update) and LISTENs on ``akadze_done``;
 the job's terminal write notifies that channel in its own transaction, through the
-trigger of migration 0011, only because the mark is set: jobs nobody waits for notify
+trigger of migration 0012, only because the mark is set: jobs nobody waits for notify
 nothing and cost their outcome writes nothing more. The waiter re-reads the state at
 each notification of its job and, as a fallback (a lost notification, a connection that
 cannot LISTEN), every ``poll_interval`` seconds.

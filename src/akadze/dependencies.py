@@ -1,6 +1,6 @@
 """Workflows, checked and counted: the graph of one enqueue and what each new job waits
 for. A pure core (plain data in, plain data out, the standard library only),
-property-tested; akadze.enqueue does the I/O and the schema's trigger (migration 0011)
+property-tested; akadze.enqueue does the I/O and the schema's trigger (migration 0012)
 the releases.
 
 A job names its parents with ``after=``: existing jobs by id, or other items of the same

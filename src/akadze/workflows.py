@@ -2,7 +2,7 @@
 and the new jobs that a parent had already failed cancelled. Dialogs (akadze.dialog)
 that akadze.enqueue runs inside its insert; the decisions are akadze.dependencies'.
 
-The releases themselves are not here: the trigger ``jobs_finished`` (migration 0011)
+The releases themselves are not here: the trigger ``jobs_finished`` (migration 0012)
 releases or cancels the children in the transaction of their parent's terminal write.
 """
 

@@ -116,7 +116,7 @@ SELECT id, pg_notify('akadze_jobs', queue) FROM replaced
 
 -- name: parents_lock
 -- The existing parents of new jobs (after=[ids]): flagged, so that their terminal
--- write counts the new edges (the trigger jobs_finished, migration 0011), and their
+-- write counts the new edges (the trigger jobs_finished, migration 0012), and their
 -- state read. The UPDATE takes each parent's row lock: a parent whose outcome is
 -- being written right now is waited for and read after that commit; one written
 -- after this statement waits for the caller's commit, and its trigger's statements

@@ -8,9 +8,14 @@
 -- A ClaimedJob: what the claim, rescue, cancel and requeue return. run_count is
 -- the fencing token of the run. Queries that also need the job's state add
 -- ", j.state" on the line after the include.
-j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-j.started_at
+-- args and meta come as text (the same bytes jsonb's output sends anyway) and are
+-- decoded per row by job_rows, which survives what it cannot read: a row written by
+-- another tool with args nested 5 000 deep made psycopg's jsonb loader raise
+-- RecursionError inside the claim, so every claim of its queue failed. Now only
+-- that job fails (InvalidArguments), at its run.
+j.id, j.queue, j.task, j.args::text AS args, j.priority, j.run_at, j.limit_key,
+j.run_count, j.attempt, j.max_attempts, j.meta::text AS meta, j.unique_key,
+j.expires_at, j.worker_id, j.started_at
 
 -- fragment: job_summary_columns
 -- A JobSummary, read by name: the job as stored but the three columns that can be
@@ -23,7 +28,7 @@ j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.run_cou
 j.run_at, j.created_at, j.started_at, j.finished_at, j.limit_key, j.unique_key, j.meta,
 j.worker_id, j.cancel_requested, j.expires_at, j.progress, j.progress_message,
 j.progress_at, j.waiting_for,
--- The job's place in a workflow (migration 0011): the ids of its parents and of its
+-- The job's place in a workflow (migration 0012): the ids of its parents and of its
 -- children, at most 1 000 of each, oldest first (job_dependencies is indexed both
 -- ways), and how many there are. A job that is nobody's parent (dependents false)
 -- does not probe for children.

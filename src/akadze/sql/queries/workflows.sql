@@ -1,5 +1,5 @@
 -- Workflows, awaited results and progress as the running job and its waiters see them
--- (migration 0011). The enqueue side is in enqueue.sql.
+-- (migration 0012). The enqueue side is in enqueue.sql.
 
 -- name: job_parent_results
 -- current().parent_results(): the parents of a job with their states and results,

@@ -1,4 +1,4 @@
--- akadze schema, version 11: workflows (jobs that wait for other jobs), awaited
+-- akadze schema, version 12: workflows (jobs that wait for other jobs), awaited
 -- results and progress (issue 18).
 --
 -- A job enqueued with after=[...] waits in a state of its own, 'waiting', until its

@@ -1,4 +1,4 @@
--- akadze schema, version 10: uniqueness over time (issue 18).
+-- akadze schema, version 11: uniqueness over time (issue 18).
 --
 -- Until now a unique_key was unique among queued and running jobs through a partial
 -- unique index. Uniqueness over time asks more than an index can say: a key is also
