@@ -42,6 +42,7 @@ from ._events import EventCallback
 from ._flusher import OutcomeFlusher
 from ._leases import LeaseKeeper
 from ._maintenance import MaintenanceLoop
+from ._progress import ProgressWriter
 from ._runner import Runner, TaskRuntime
 from ._settings import build_settings
 from ._shutdown import shut_down
@@ -131,7 +132,8 @@ class Worker:
                               rand=state.random)
         self._flusher = OutcomeFlusher(state, owner, on_due=self._wakeup.due_at,
                                        on_room=self._key_room)
-        self._runner = Runner(state, TaskRuntime(state, owner),
+        self._progress = ProgressWriter(state, owner)
+        self._runner = Runner(state, TaskRuntime(state, owner, self._progress),
                               submit=self._flusher.submit)
         self._leases = LeaseKeeper(state, owner, on_fence=self._give_back_all,
                                    on_unfence=self._wake_all)
@@ -225,6 +227,7 @@ class Worker:
             self._spawn(self._leases.run(), "heartbeat")
             self._spawn(self._flusher.run(), "outcomes")
             self._spawn(self._cancels.run(), "cancel poll")
+            self._spawn(self._progress.run(), "progress")
             if self._maintenance is not None:
                 self._spawn(self._maintenance.run(), "maintenance")
             if self.listen:

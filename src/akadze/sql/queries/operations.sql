@@ -166,7 +166,10 @@ ORDER BY w.host, w.pid, w.id;
 -- One bounded batch: the oldest finished jobs past their retention, found on
 -- jobs_finished_idx (finished_at order, finished rows only). Failed jobs have a
 -- retention of their own (kept longer, for inspection). SKIP LOCKED: a row an
--- operator is requeueing right now is left for the next round.
+-- operator is requeueing right now is left for the next round. A parent is kept
+-- while any of its children has not finished (a waiting child still needs it, and a
+-- child reads its parents' results when it runs: parent_results); the flag keeps
+-- that probe off every other row.
 --
 -- One pruner at a time across the cluster: each batch takes an advisory lock
 -- without waiting ("akadzert" as a 64-bit number), held to the batch's COMMIT;
@@ -175,12 +178,16 @@ ORDER BY w.host, w.pid, w.id;
 -- (a one-time filter). Transaction-scoped, not session-level, so that it works
 -- through a pooler in transaction mode.
 WITH doomed AS (
-    SELECT id FROM akadze.jobs
+    SELECT p.id FROM akadze.jobs AS p
     WHERE (SELECT pg_try_advisory_xact_lock(7019811528365142644))
-      AND state IN ('succeeded', 'failed', 'cancelled')
-      AND finished_at < %(cutoff)s
-      AND (state <> 'failed' OR finished_at < %(failed_cutoff)s)
-    ORDER BY finished_at
+      AND p.state IN ('succeeded', 'failed', 'cancelled')
+      AND p.finished_at < %(cutoff)s
+      AND (p.state <> 'failed' OR p.finished_at < %(failed_cutoff)s)
+      AND (NOT p.dependents OR NOT EXISTS (
+          SELECT 1 FROM akadze.job_dependencies AS d
+          JOIN akadze.jobs AS c ON c.id = d.child_id
+          WHERE d.parent_id = p.id AND c.state NOT IN ('succeeded', 'failed', 'cancelled')))
+    ORDER BY p.finished_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 )

@@ -212,7 +212,7 @@ SET state = 'cancelled',
     errors = akadze.append_error(j.errors, jsonb_build_object(
         'attempt', j.attempt, 'at', coalesce(%(now)s::timestamptz, now()),
         'error', 'Cancelled', 'message', 'cancelled before it ran'))
-WHERE j.id = %(id)s AND j.state = 'queued'
+WHERE j.id = %(id)s AND j.state IN ('queued', 'waiting')
 RETURNING j.id;
 
 -- name: cancel_running
