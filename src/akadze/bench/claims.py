@@ -13,6 +13,7 @@ unless ``--in-place`` names a database it may empty.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -33,6 +34,7 @@ from ..database import connect, describe
 from ..migrate import migrate_connection
 from .claim_load import LoadResult, run_load
 from .claim_scenarios import SCENARIO_NAMES, SCENARIOS, SLOTS, Timing, build, measure
+from .pgbouncer import PgBouncer
 
 Conn = psycopg.Connection[Any]
 
@@ -224,11 +226,14 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) ->
               "durable_claims=True); by default off, as a worker commits its claims.")
 @click.option("--in-place", is_flag=True,
               help="Bench in the given database itself: EMPTIES its akadze tables.")
+@click.option("--pgbouncer", is_flag=True,
+              help="The load test's claimers go through a PgBouncer in transaction mode "
+              "(no prepared statements), started by the bench on a private port.")
 @database_url_option
 def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float,
             skip_load: bool, load_jobs: int,
             load_seconds: float, claimers: int, report: Path | None, durable: bool,
-            in_place: bool, database_url: str | None) -> None:
+            in_place: bool, pgbouncer: bool, database_url: str | None) -> None:
     """Time the windowed claim against the full ranking, and run the load test."""
     url = resolve(database_url)
     chosen = [s for s in SCENARIOS if not names or s.name in names]
@@ -250,9 +255,15 @@ def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float
             _print(SHORT_COLUMNS, speed_rows(timings, titles=False),
                    f"claim, {SLOTS} slots, median ms")
         if not skip_load:
-            for order in ("default", "fair"):
-                loads.append(run_load(scratch, order, jobs=load_jobs, claimers=claimers,
-                                      seconds=load_seconds))
+            with contextlib.ExitStack() as stack:
+                claimers_url = None
+                if pgbouncer:
+                    bouncer = stack.enter_context(PgBouncer(url))
+                    claimers_url = bouncer.url(scratch)
+                    host["load through"] = "PgBouncer, transaction mode"
+                for order in ("default", "fair"):
+                    loads.append(run_load(scratch, order, jobs=load_jobs, claimers=claimers,
+                                          seconds=load_seconds, claimers_url=claimers_url))
             _print(LOAD_COLUMNS, load_rows(loads), "load test")
             for r in loads:
                 for error in sorted(set(r.errors))[:5]:

@@ -53,6 +53,7 @@ class Cluster:
     fair_every: int = 2  # every second worker claims in fair order
     durable_claims: bool = False
     urls: dict[int, str] = field(default_factory=dict)
+    worker_args: tuple[str, ...] = ()  # more `akadze worker` options for every worker
     procs: dict[int, WorkerProc] = field(default_factory=dict)
     retired: list[WorkerProc] = field(default_factory=list)
     started: int = 0
@@ -75,6 +76,7 @@ class Cluster:
             cmd.append("--fair")
         if self.durable_claims:
             cmd.append("--durable-claims")
+        cmd += self.worker_args
         env = dict(os.environ, AKADZE_DATABASE_URL=url, PYTHONUNBUFFERED="1",
                    AKADZE_FAULT_STARTS=str(self.logdir / f"starts-{worker_id}.txt"))
         with log.open("wb") as out:

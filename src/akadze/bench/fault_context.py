@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ class Options:
     recovery_timeout: float = 120.0
     fault_seconds: float = 8.0  # how long the timed faults last (terminate, timeouts)
     logdir: Path = Path("/tmp")
+    # The workers' URL instead of the scratch database's own (a conninfo in, one out):
+    # the same database through PgBouncer, say; with worker_args for `akadze worker`.
+    worker_url: Callable[[str], str] | None = None
+    worker_args: tuple[str, ...] = ()
 
 
 @dataclass

@@ -367,15 +367,16 @@ def run_scenario(scenario: Scenario, options: Options, server: PrivateServer | s
         if scenario.private and private is None:
             raise ValueError(f"the {scenario.name} scenario needs a private server")
         monitor = Monitor(url).start()
-        urls = scenario.urls(url, options.workers) if scenario.urls else {}
+        workers_url = options.worker_url(url) if options.worker_url else url
+        urls = scenario.urls(workers_url, options.workers) if scenario.urls else {}
         proxy = None
         if scenario.proxied:
-            tcp = url if private is None else make_conninfo(
+            tcp = workers_url if private is None else make_conninfo(
                 private.server.url("postgres", tcp=True), dbname=name)
             proxy, through = start_proxy(tcp)
             urls = {i: through for i in range(options.workers) if partitioned(i)}
-        cluster = Cluster(url, logdir, workers=options.workers, slots=options.slots,
-                          lease=options.lease, urls=urls,
+        cluster = Cluster(workers_url, logdir, workers=options.workers, slots=options.slots,
+                          lease=options.lease, worker_args=options.worker_args, urls=urls,
                           durable_claims=scenario.durable_claims)
         ctx = Context(scenario.name, options, rng, url, private, cluster, monitor,
                       proxy=proxy, expected=expected)

@@ -33,6 +33,7 @@ from ..cli.options import database_url_option, print_table, resolve
 from ..database import connect, describe
 from ..worker import Worker
 from .claims import host_details, scratch_database
+from .workflows import WAITER_EVERY, FanIn, WaiterRuns, measure_fan_in, measure_waiters
 
 Conn = psycopg.Connection[Any]
 
@@ -88,7 +89,7 @@ class _Bench:
 
 
 def _reset(conn: Conn) -> None:
-    conn.execute("TRUNCATE akadze.jobs, akadze.workers")
+    conn.execute("TRUNCATE akadze.jobs, akadze.workers, akadze.job_dependencies")
 
 
 async def measure_throughput(url: str, jobs: int, slots: int) -> Throughput:
@@ -151,8 +152,50 @@ def _loadavg() -> str:
         return "unknown"
 
 
+def _workflow_lines(waiters: WaiterRuns | None, fan_in: FanIn | None) -> list[str]:
+    lines: list[str] = []
+    if waiters is not None:
+        lines += [
+            "",
+            f"## With one waiter per {WAITER_EVERY} jobs (`wait_for`)",
+            "",
+            f"{waiters.jobs:,} no-op jobs per run; runs alternated (without, with, ...); "
+            f"the waiters are {waiters.jobs // WAITER_EVERY} concurrent `wait_for` calls in "
+            "a process of their own, started before the worker.",
+            "",
+            "| run | nobody waits, jobs/s | one waiter per 100 jobs, jobs/s |",
+            "|---:|---:|---:|",
+        ]
+        for n, (a, b) in enumerate(zip(waiters.without, waiters.with_waiters, strict=True), 1):
+            lines.append(f"| {n} | {a:,.0f} | {b:,.0f} |")
+        lines += [
+            f"| median | {statistics.median(waiters.without):,.0f} | "
+            f"{statistics.median(waiters.with_waiters):,.0f} |",
+            "",
+            f"Cost of the waiters: {waiters.cost:.1%} of the median throughput. A job nobody "
+            "waits for costs nothing more at its terminal write (the trigger's WHEN is "
+            "false: no function call, no notification).",
+        ]
+    if fan_in is not None:
+        lines += [
+            "",
+            "## Fan-out / fan-in",
+            "",
+            f"{fan_in.children:,} children and one fan-in that waits for all of them, "
+            "enqueued in one `enqueue_many`; then one worker runs them.",
+            "",
+            "| children | enqueue of the graph, s | worker start -> fan-in starts, s | "
+            "runs of the fan-in |",
+            "|---:|---:|---:|---:|",
+            f"| {fan_in.children:,} | {fan_in.enqueue_seconds:.2f} | "
+            f"{fan_in.to_fan_in_start:.2f} | {fan_in.runs_of_fan_in} |",
+        ]
+    return lines
+
+
 def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput],
-                 latency: Latency | None) -> None:
+                 latency: Latency | None, waiters: WaiterRuns | None = None,
+                 fan_in: FanIn | None = None) -> None:
     lines = [
         "# Worker throughput and pick-up latency",
         "",
@@ -182,6 +225,7 @@ def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput]
         for label, values in (("commit returned", latency.after_commit),
                               ("commit sent", latency.before_commit)):
             lines.append("| " + " | ".join(latency.row(values, label)) + " |")
+    lines += _workflow_lines(waiters, fan_in)
     lines += [
         "",
         "## Method",
@@ -211,10 +255,17 @@ def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput]
               help="Worker slots on the queue (jobs claimed per claim at most).")
 @click.option("--samples", type=click.IntRange(0), default=200, show_default=True,
               help="Single enqueues for the pick-up latency (0 skips it).")
+@click.option("--waiter-rounds", type=click.IntRange(0), default=3, show_default=True,
+              help="Alternated runs without and with one wait_for per 100 jobs (0 skips).")
+@click.option("--waiter-jobs", type=click.IntRange(100), default=20_000, show_default=True,
+              help="Backlog of each of those runs.")
+@click.option("--fan-out", type=click.IntRange(0), default=10_000, show_default=True,
+              help="Children of the fan-out/fan-in run (0 skips it).")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Markdown report here.")
 @database_url_option
-def command(sizes: tuple[int, ...], slots: int, samples: int, report: Path | None,
+def command(sizes: tuple[int, ...], slots: int, samples: int, waiter_rounds: int,
+            waiter_jobs: int, fan_out: int, report: Path | None,
             database_url: str | None) -> None:
     """Jobs per second of one worker process, and enqueue-to-start latency."""
     url = resolve(database_url)
@@ -231,6 +282,15 @@ def command(sizes: tuple[int, ...], slots: int, samples: int, report: Path | Non
             results.append(result)
         if samples:
             latency = asyncio.run(measure_latency(scratch, samples, slots))
+        waiters = fan_in = None
+        if waiter_rounds:
+            waiters = measure_waiters(scratch, waiter_jobs, slots, waiter_rounds)
+            click.echo(f"one waiter per {WAITER_EVERY} jobs costs {waiters.cost:.1%} "
+                       "of the median throughput")
+        if fan_out:
+            fan_in = asyncio.run(measure_fan_in(scratch, fan_out, slots))
+            click.echo(f"fan-out of {fan_out}: the fan-in started "
+                       f"{fan_in.to_fan_in_start:.2f} s after the worker")
     print_table("throughput", ["backlog", "slots", "seconds", "jobs/s"],
                 [(f"{r.jobs:,}", str(r.slots), f"{r.seconds:.2f}", f"{r.rate:,.0f}")
                  for r in results])
@@ -239,5 +299,5 @@ def command(sizes: tuple[int, ...], slots: int, samples: int, report: Path | Non
                     [latency.row(latency.after_commit, "commit returned"),
                      latency.row(latency.before_commit, "commit sent")])
     if report is not None:
-        write_report(report, host, results, latency)
+        write_report(report, host, results, latency, waiters, fan_in)
         click.echo(f"report written to {report}")

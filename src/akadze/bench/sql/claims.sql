@@ -6,7 +6,8 @@
 -- name: bench_reset
 -- An empty queue world for the next scenario. TRUNCATE rather than DELETE: the
 -- next build then starts from clean tables and indexes.
-TRUNCATE akadze.jobs, akadze.limits, akadze.start_marks, akadze.queue_pauses RESTART IDENTITY
+TRUNCATE akadze.jobs, akadze.job_dependencies, akadze.limits, akadze.start_marks,
+    akadze.queue_pauses RESTART IDENTITY
 
 -- name: bench_insert_ready
 -- One segment of ready jobs, in queue order: row g (start <= g < stop) gets

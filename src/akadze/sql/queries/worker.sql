@@ -232,17 +232,6 @@ RETURNING
 -- include: job_columns
 , j.state;
 
--- name: maintenance_guard
--- Before the maintenance lock: a session that stops answering while it holds the
--- lock (its network partitioned, its connection left open) must not keep the whole
--- cluster from rescuing for as long as the partition lasts. The server ends this
--- session once it has been idle for %(ms)s ms, inside a transaction or not (a round
--- sends its statements back to back), and the lock goes with it. idle_session_timeout
--- exists from PostgreSQL 14 on; 0 turns both off again (maintenance_unguard).
-SELECT set_config('idle_in_transaction_session_timeout', %(ms)s::int::text, false),
-       CASE WHEN current_setting('server_version_num')::int >= 140000
-            THEN set_config('idle_session_timeout', %(ms)s::int::text, false) END;
-
 -- name: end_unresponsive_claims
 -- A maintenance step: end the sessions that hold a queue's claim turn (the advisory
 -- lock of claim_start, class 6384484) while they wait for their client, inside their
@@ -269,12 +258,14 @@ WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
                 AND l.objsubid = 2 AND l.granted);
 
 -- name: maintenance_try_lock
--- One maintenance runner at a time across the cluster: a session-level advisory
--- lock taken without waiting ("akadzemt" as a 64-bit number), after maintenance_guard.
-SELECT pg_try_advisory_lock(7019811528365141364);
-
--- name: maintenance_unlock
-SELECT pg_advisory_unlock(7019811528365141364);
+-- One rescuer at a time across the cluster: the first statement of the rescue's
+-- transaction, an advisory lock taken without waiting ("akadzemt" as a 64-bit
+-- number) and held to its COMMIT. Transaction-scoped, not session-level: through
+-- a pooler in transaction mode a session lock and its unlock can land on two
+-- server connections (and a lock left on a pooled server connection would stop
+-- every rescue). Whoever gets it goes on with the rest of the round; rounds may
+-- overlap after the rescue, which every later step allows.
+SELECT pg_try_advisory_xact_lock(7019811528365141364);
 
 -- name: job_for_cancel
 -- Lock the job whose cancellation is requested, to decide between the queued and
@@ -294,7 +285,7 @@ SET state = 'cancelled',
     errors = akadze.append_error(j.errors, jsonb_build_object(
         'attempt', j.attempt, 'at', coalesce(%(now)s::timestamptz, now()),
         'error', 'Cancelled', 'message', 'cancelled before it ran'))
-WHERE j.id = %(id)s AND j.state = 'queued'
+WHERE j.id = %(id)s AND j.state IN ('queued', 'waiting')
 RETURNING j.id;
 
 -- name: cancel_running
