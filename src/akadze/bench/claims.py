@@ -32,7 +32,16 @@ from ..cli.options import database_url_option, print_table, resolve
 from ..database import connect, describe
 from ..migrate import migrate_connection
 from .claim_load import LoadResult, run_load
-from .claim_scenarios import SCENARIO_NAMES, SCENARIOS, SLOTS, Timing, build, measure
+from .claim_scenarios import (
+    SCENARIO_NAMES,
+    SCENARIOS,
+    SLOTS,
+    Scenario,
+    Timing,
+    build,
+    measure,
+    stale_tables,
+)
 
 Conn = psycopg.Connection[Any]
 
@@ -120,6 +129,26 @@ LOAD_COLUMNS = ("order", "claimed", "completed", "claimed twice", "errors", "ela
                 "samples", "samples over a limit", "trigger violations")
 
 
+STALE_COLUMNS = ("queue", "order", "ready jobs", "fresh ms", "stale ms", "stale / fresh",
+                 "plain SKIP LOCKED ms (fresh)", "claimed", "same jobs")
+STALE_SHORT = ("scenario", "order", "jobs", "fresh", "stale", "stale/fresh", "plain", "got",
+               "same")
+
+
+def stale_rows(pairs: Sequence[tuple[Timing, Timing]], *,
+               titles: bool = True) -> list[tuple[str, ...]]:
+    """One row per cell: the windowed claim on fresh and on stale statistics."""
+    rows: list[tuple[str, ...]] = []
+    for fresh, stale in pairs:
+        ratio = stale.windowed / fresh.windowed if fresh.windowed else float("nan")
+        rows.append((
+            fresh.scenario.title if titles else fresh.scenario.name, fresh.order,
+            f"{fresh.jobs:,}".replace(",", " "), _fmt_ms(fresh.windowed),
+            _fmt_ms(stale.windowed), f"{ratio:.2f}x", _fmt_ms(fresh.plain),
+            str(stale.claimed), "yes" if stale.same and fresh.same else "NO"))
+    return rows
+
+
 def load_rows(results: Sequence[LoadResult]) -> list[tuple[str, ...]]:
     return [
         (r.order, str(r.claimed), str(r.completed), str(r.claimed_twice), str(len(r.errors)),
@@ -142,9 +171,29 @@ def _commit_words(durable: bool) -> str:
             "`durable_claims=False`)")
 
 
+def _stale_part(pairs: Sequence[tuple[Timing, Timing]]) -> list[str]:
+    if not pairs:
+        return []
+    return [
+        "",
+        "## Fresh and stale statistics",
+        "",
+        "Each scenario is built in a database of its own, its tables analyzed while "
+        "empty (autovacuum kept off them), then the jobs inserted with no ANALYZE: "
+        "*stale* is the windowed claim then, on a new connection, so that its "
+        "generic plans are made on those statistics. Then the same tables are "
+        "vacuumed and analyzed: *fresh* is the same claim on them (the full table "
+        "above). *Same jobs*: the stale claim returned what the full ranking "
+        "returns on the fresh tables.",
+        "",
+        _md_table(STALE_COLUMNS, stale_rows(pairs)),
+    ]
+
+
 def write_report(path: Path, host: dict[str, str], repeat: int,
                  timings: Sequence[Timing], loads: Sequence[LoadResult],
-                 durable: bool = False) -> None:
+                 durable: bool = False,
+                 stale: Sequence[tuple[Timing, Timing]] = ()) -> None:
     parts = [
         "# Claim speed (`akadze bench claims`)",
         "",
@@ -165,6 +214,7 @@ def write_report(path: Path, host: dict[str, str], repeat: int,
         "sees.",
         "",
         _md_table(SPEED_COLUMNS, speed_rows(timings)),
+        *_stale_part(stale),
         "",
         "Scenarios (N = ready jobs; queue order = run_at order unless said):",
         "",
@@ -197,6 +247,43 @@ def write_report(path: Path, host: dict[str, str], repeat: int,
     path.write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 
+# -- fresh and stale statistics -----------------------------------------------------------
+
+
+def _fresh_and_stale(url: str, scenario: Scenario, jobs: int, repeat: int,
+                     oracle_budget: float, durable: bool) -> list[tuple[Timing, Timing]]:
+    """``scenario`` in a scratch database of its own: timed on stale statistics
+    (analyzed while empty, then filled), then on the same tables analyzed."""
+    pairs: list[tuple[Timing, Timing]] = []
+    with scratch_database(url, False) as scratch:
+        with connect(scratch) as conn:
+            stale_tables(conn)
+            started = time.monotonic()
+            build(conn, scenario, jobs, stale=True)
+            click.echo(f"built {scenario.name} ({jobs} jobs, stale statistics) in "
+                       f"{time.monotonic() - started:.1f} s", err=True)
+        # A new connection: its generic plans are made on the stale statistics.
+        # No full ranking here: its one statement on such statistics can take
+        # minutes; the answer is checked against the ranking on the fresh tables.
+        with connect(scratch) as conn:
+            if not durable:
+                conn.execute("SET synchronous_commit = off")
+            stale = [measure(conn, scenario, order, jobs, repeat, 0.0)
+                     for order in scenario.orders]
+            conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
+        with connect(scratch) as conn:
+            if not durable:
+                conn.execute("SET synchronous_commit = off")
+            for was in stale:
+                fresh = measure(conn, scenario, was.order, jobs, repeat, oracle_budget)
+                if fresh.oracle_ms:
+                    # measure's fresh.ids is the windowed claim's; the ranking
+                    # agreed with it when fresh.same
+                    was.same = was.ids == fresh.ids and fresh.same
+                pairs.append((fresh, was))
+    return pairs
+
+
 # -- command ----------------------------------------------------------------------------
 
 
@@ -224,15 +311,24 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) ->
               "durable_claims=True); by default off, as a worker commits its claims.")
 @click.option("--in-place", is_flag=True,
               help="Bench in the given database itself: EMPTIES its akadze tables.")
+@click.option("--stale-stats", is_flag=True,
+              help="Also time every cell on tables analyzed while empty, then filled "
+              "with no ANALYZE (a burst into a quiet queue), beside the same tables "
+              "analyzed; each scenario gets a scratch database of its own.")
 @database_url_option
 def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float,
             skip_load: bool, load_jobs: int,
             load_seconds: float, claimers: int, report: Path | None, durable: bool,
-            in_place: bool, database_url: str | None) -> None:
+            in_place: bool, stale_stats: bool, database_url: str | None) -> None:
     """Time the windowed claim against the full ranking, and run the load test."""
+    if stale_stats and in_place:
+        raise click.UsageError(
+            "--stale-stats builds each scenario in a scratch database of its own: "
+            "it cannot run --in-place")
     url = resolve(database_url)
     chosen = [s for s in SCENARIOS if not names or s.name in names]
     timings: list[Timing] = []
+    pairs: list[tuple[Timing, Timing]] = []
     loads: list[LoadResult] = []
     click.echo(f"benching on {describe(url)}" + (" (in place)" if in_place else ""))
     with scratch_database(url, in_place) as scratch, connect(scratch) as conn:
@@ -240,6 +336,11 @@ def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float
         if not durable:  # the timed claims, the full ranking and the floor alike
             conn.execute("SET synchronous_commit = off")
         for scenario in chosen:
+            if stale_stats:
+                got = _fresh_and_stale(url, scenario, jobs, repeat, oracle_budget, durable)
+                timings += [fresh for fresh, _ in got]
+                pairs += got
+                continue
             started = time.monotonic()
             build(conn, scenario, jobs)
             click.echo(f"built {scenario.name} ({jobs} jobs) in "
@@ -249,6 +350,9 @@ def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float
         if timings:
             _print(SHORT_COLUMNS, speed_rows(timings, titles=False),
                    f"claim, {SLOTS} slots, median ms")
+        if pairs:
+            _print(STALE_SHORT, stale_rows(pairs, titles=False),
+                   f"claim, {SLOTS} slots, median ms, fresh and stale statistics")
         if not skip_load:
             for order in ("default", "fair"):
                 loads.append(run_load(scratch, order, jobs=load_jobs, claimers=claimers,
@@ -258,5 +362,5 @@ def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float
                 for error in sorted(set(r.errors))[:5]:
                     click.echo(f"{r.order}: {error}", err=True)
     if report is not None:
-        write_report(report, host, repeat, timings, loads, durable)
+        write_report(report, host, repeat, timings, loads, durable, pairs)
         click.echo(f"report written to {report}")

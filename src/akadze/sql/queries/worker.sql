@@ -58,6 +58,21 @@ DELETE FROM akadze.workers WHERE id = %(id)s;
 SELECT id FROM akadze.jobs
 WHERE worker_id = %(worker_id)s AND state = 'running' AND cancel_requested;
 
+-- fragment: outcome_rows
+-- The rows an outcome write changes, after its `unnest(...) AS f(id, run_count,
+-- ...)`: found by id through the primary key, whatever the table's statistics
+-- say. "j.id = ANY (ids)" hands the planner the ids themselves (an index
+-- condition on jobs_pkey, with the array's real length in these statements'
+-- custom plans); the fence is one "(...) IS TRUE" test, which no index answers
+-- and which implies no partial index's predicate. Written as a plain
+-- "j.state = 'running'", a table whose statistics were taken while nothing
+-- ran estimated one running row, and the plan could read the whole of a
+-- running-job index and join it by hash (docs/explanation/claim.md, "Plans that
+-- cannot go wrong").
+WHERE j.id = ANY (%(ids)s::bigint[])
+  AND j.id = f.id
+  AND (j.run_count = f.run_count AND j.state = 'running') IS TRUE
+
 -- name: finish_jobs
 -- Many run outcomes in one statement, one array element per job. Each row is
 -- fenced: it changes only while it is still the same run (run_count) and still
@@ -82,7 +97,7 @@ FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(states)s::akadze.job
             %(attempt_deltas)s::integer[], %(delays)s::float8[], %(results)s::text[],
             %(errors)s::text[])
      AS f(id, run_count, state, attempt_delta, delay, result, error)
-WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
+-- include: outcome_rows
 RETURNING j.id;
 
 -- name: give_back_jobs
@@ -102,6 +117,7 @@ WITH f AS (
     FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(errors)s::text[])
          AS f(id, run_count, error)
     JOIN akadze.jobs AS j ON j.id = f.id
+    WHERE j.id = ANY (%(ids)s::bigint[])
 )
 UPDATE akadze.jobs AS j
 SET state = CASE WHEN f.spent AND j.attempt >= j.max_attempts
@@ -116,7 +132,7 @@ SET state = CASE WHEN f.spent AND j.attempt >= j.max_attempts
         ELSE jsonb_build_object('spent', false) END),
     worker_id = NULL
 FROM f
-WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
+-- include: outcome_rows
 RETURNING j.id, j.state;
 
 -- name: finish_succeeded
@@ -128,7 +144,7 @@ SET state = 'succeeded',
     finished_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[], %(results)s::text[])
      AS f(id, run_count, result)
-WHERE j.id = f.id AND j.run_count = f.run_count AND j.state = 'running'
+-- include: outcome_rows
 RETURNING j.id;
 
 -- name: finish_one
@@ -149,22 +165,71 @@ RETURNING j.id;
 -- keeping the original run_at (its place in the queue), or 'failed' on the last
 -- attempt. Rows locked by a finishing worker are skipped (SKIP LOCKED); they are
 -- finished, or orphans next time.
-WITH dead AS (
+--
+-- Bounded by what is lost, not by what runs: every maintenance tick of every
+-- worker runs this, and a test on "running jobs whose worker has no row" read
+-- every running job of the cluster (all of jobs_running_worker_idx). Instead
+-- the workers that hold running jobs are listed by a skip scan of that index
+-- (one probe per distinct worker_id, `holders`), and only the jobs of the
+-- dead and the missing ones are read, each through the same index. The rows
+-- are then locked one by one through the primary key (LATERAL) and re-checked
+-- there by one "(...) IS TRUE" test (still running, for the same worker), which
+-- no index answers: nothing in the statement can make the plan walk the table,
+-- whatever its statistics say (docs/explanation/claim.md, "Plans that cannot
+-- go wrong").
+WITH RECURSIVE dead AS (
     DELETE FROM akadze.workers AS w
     WHERE w.heartbeat_at + w.lease < coalesce(%(now)s::timestamptz, now())
     RETURNING w.id
+), holders AS (
+    (SELECT r.worker_id FROM akadze.jobs AS r
+     WHERE r.state = 'running' AND r.worker_id IS NOT NULL
+     ORDER BY r.worker_id
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.worker_id FROM akadze.jobs AS r
+            WHERE r.state = 'running' AND r.worker_id > h.worker_id
+            ORDER BY r.worker_id
+            LIMIT 1)
+    FROM holders AS h
+    WHERE h.worker_id IS NOT NULL
+), candidates AS (
+    -- The running jobs of the workers deleted just now (their rows are still
+    -- visible to the rest of this statement, so the next arm skips them).
+    SELECT r.id, r.worker_id
+    FROM dead AS d
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.worker_id FROM akadze.jobs AS r
+        WHERE r.state = 'running' AND r.worker_id = d.id
+        -- OFFSET 0: a probe per dead worker; pulled up, the arm was planned as
+        -- a hash join that read every running job of the cluster.
+        OFFSET 0) AS r
+    UNION ALL
+    -- Those of workers with no row, once started longer than orphan_grace ago.
+    SELECT r.id, r.worker_id
+    FROM holders AS h
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.worker_id FROM akadze.jobs AS r
+        WHERE r.state = 'running' AND r.worker_id = h.worker_id
+          AND r.started_at < coalesce(%(now)s::timestamptz, now())
+                             - %(orphan_grace)s * interval '1 second'
+        OFFSET 0) AS r
+    WHERE h.worker_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM akadze.workers AS w WHERE w.id = h.worker_id)
+    UNION ALL
+    -- And running jobs without a worker (never registered), as orphans.
+    SELECT r.id, r.worker_id FROM akadze.jobs AS r
+    WHERE r.state = 'running' AND r.worker_id IS NULL
+      AND r.started_at < coalesce(%(now)s::timestamptz, now())
+                         - %(orphan_grace)s * interval '1 second'
 ), lost AS (
     SELECT j.id
-    FROM akadze.jobs AS j
-    WHERE j.state = 'running'
-      AND (
-          j.worker_id IN (SELECT d.id FROM dead AS d)
-          OR (
-              j.started_at < coalesce(%(now)s::timestamptz, now()) - %(orphan_grace)s * interval '1 second'
-              AND NOT EXISTS (SELECT 1 FROM akadze.workers AS w WHERE w.id = j.worker_id)
-          )
-      )
-    FOR UPDATE SKIP LOCKED
+    FROM candidates AS c
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM akadze.jobs AS j
+        WHERE j.id = c.id
+          AND (j.state = 'running' AND j.worker_id IS NOT DISTINCT FROM c.worker_id) IS TRUE
+        FOR UPDATE SKIP LOCKED) AS j
 )
 UPDATE akadze.jobs AS j
 SET state = CASE WHEN j.attempt >= j.max_attempts
@@ -178,8 +243,10 @@ SET state = CASE WHEN j.attempt >= j.max_attempts
         'message', 'worker ' || coalesce(j.worker_id, '(none)')
                    || ' stopped renewing its lease; the run was abandoned')),
     worker_id = NULL
-FROM lost
-WHERE j.id = lost.id
+-- The ids as one array (an InitPlan): an index condition on jobs_pkey. Joined to
+-- `lost` instead, a table analyzed while nothing ran was updated through a
+-- sequential scan and a hash join.
+WHERE j.id = ANY (ARRAY(SELECT lost.id FROM lost))
 RETURNING
 -- include: job_columns
 , j.state;
