@@ -39,7 +39,7 @@ from akadze.jobs import ClaimedJob, JobState
 from akadze.worker._finishes import write
 from akadze.worker._maintenance import rescue_expired
 
-READY = 20_000
+READY = 10_000
 STALE = ("empty", "small", "finished")
 
 Conn = psycopg.Connection[Any]
