@@ -292,8 +292,9 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) ->
 
 
 @click.command("claims")
-@click.option("--jobs", type=click.IntRange(100, 10_000_000), default=100_000, show_default=True,
-              help="Ready jobs per scenario.")
+@click.option("--jobs", "sizes", multiple=True, type=click.IntRange(100, 10_000_000),
+              help="Ready jobs per scenario (repeatable: every scenario at each size; "
+              "default 100000).")
 @click.option("--repeat", type=click.IntRange(1, 1000), default=15, show_default=True,
               help="Claims per cell (the median is reported).")
 @click.option("--scenario", "names", multiple=True, type=click.Choice(SCENARIO_NAMES),
@@ -316,7 +317,7 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) ->
               "with no ANALYZE (a burst into a quiet queue), beside the same tables "
               "analyzed; each scenario gets a scratch database of its own.")
 @database_url_option
-def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float,
+def command(sizes: tuple[int, ...], repeat: int, names: tuple[str, ...], oracle_budget: float,
             skip_load: bool, load_jobs: int,
             load_seconds: float, claimers: int, report: Path | None, durable: bool,
             in_place: bool, stale_stats: bool, database_url: str | None) -> None:
@@ -335,18 +336,21 @@ def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float
         host = host_details(conn)
         if not durable:  # the timed claims, the full ranking and the floor alike
             conn.execute("SET synchronous_commit = off")
-        for scenario in chosen:
-            if stale_stats:
-                got = _fresh_and_stale(url, scenario, jobs, repeat, oracle_budget, durable)
-                timings += [fresh for fresh, _ in got]
-                pairs += got
-                continue
-            started = time.monotonic()
-            build(conn, scenario, jobs)
-            click.echo(f"built {scenario.name} ({jobs} jobs) in "
-                       f"{time.monotonic() - started:.1f} s", err=True)
-            for order in scenario.orders:
-                timings.append(measure(conn, scenario, order, jobs, repeat, oracle_budget))
+        for jobs in sizes or (100_000,):
+            for scenario in chosen:
+                if stale_stats:
+                    got = _fresh_and_stale(url, scenario, jobs, repeat, oracle_budget,
+                                           durable)
+                    timings += [fresh for fresh, _ in got]
+                    pairs += got
+                    continue
+                started = time.monotonic()
+                build(conn, scenario, jobs)
+                click.echo(f"built {scenario.name} ({jobs} jobs) in "
+                           f"{time.monotonic() - started:.1f} s", err=True)
+                for order in scenario.orders:
+                    timings.append(measure(conn, scenario, order, jobs, repeat,
+                                           oracle_budget))
         if timings:
             _print(SHORT_COLUMNS, speed_rows(timings, titles=False),
                    f"claim, {SLOTS} slots, median ms")
