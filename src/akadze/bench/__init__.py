@@ -6,6 +6,8 @@
   and ``soak`` and by the reliability tests;
 - the demo behind ``akadze demo`` (:mod:`akadze.bench.demo`, its plan and checks in
   :mod:`akadze.bench.demo_plan`);
+- the latency-injecting TCP proxy (:mod:`akadze.bench.proxy`): an injected round
+  trip, and a partition (pause, resume) or a reset (cut), for benches and scenarios;
 - the watch: the test-only trigger that checks ``max_running`` at every claim
   commit, shared by the claim bench, the fault scenarios and the tests.
 
