@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from akadze import outcomes
+from akadze import Akadze, outcomes
 from akadze.bench import claim_scenarios as cs
 from akadze.bench import queries as bench_queries
 from akadze.claim import claim
@@ -270,3 +270,30 @@ def _debug(plan: Plan) -> str:
     return "\n".join(f"{n['Node Type']} {n.get('Index Name', n.get('Relation Name', ''))} "
                      f"read={_read(n):.0f} loops={n.get('Actual Loops')}"
                      for n in _nodes(plan["Plan"]) if n.get("Relation Name") or n.get("Index Name"))
+
+
+def test_claim_settings_are_the_callers_again_in_hooks(app: Akadze, database_url: str) -> None:
+    """The claim's plan settings (generic plans, no JIT, no sequential or bitmap
+    scans) live in its own transaction only and are the caller's again before a
+    transition hook runs in that transaction; after it, the session's are."""
+    seen: list[tuple[str, ...]] = []
+
+    @app.on_transition
+    def look(conn: Conn, job: ClaimedJob, from_state: str, to_state: str) -> None:
+        row = conn.execute(
+            "SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan'),"
+            " current_setting('plan_cache_mode'), current_setting('jit')").fetchone()
+        assert row is not None
+        seen.append(tuple(row))
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO akadze.jobs (queue, task) VALUES ('q', 't'), ('q', 't')")
+        conn.execute("SET plan_cache_mode = force_custom_plan")
+        conn.execute("SET enable_bitmapscan = off")
+        got = claim(conn, queue="q", slots=2, worker_id="w", app=app)
+        assert len(got) == 2
+        after = conn.execute(
+            "SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan'),"
+            " current_setting('plan_cache_mode'), current_setting('jit')").fetchone()
+    assert seen == [("on", "off", "force_custom_plan", "on")] * 2
+    assert after == ("on", "off", "force_custom_plan", "on")
