@@ -100,7 +100,15 @@ def host_details(conn: Conn) -> dict[str, str]:
         "PostgreSQL": str(row[0]) if row else "?",
         "Python": platform.python_version(),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load average at start (1/5/15 min)": _loadavg(),
     }
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 def _fmt_ms(value: float) -> str:
