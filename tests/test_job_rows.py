@@ -40,7 +40,8 @@ def columns(conn: Conn, name: str, params: dict[str, Any]) -> list[str]:
 
 
 def test_every_query_that_returns_a_job_returns_the_fields_of_claimed_job(conn: Conn) -> None:
-    assert tuple(f.name for f in dataclasses.fields(ClaimedJob)) == JOB_COLUMNS
+    # Every field but ``unreadable``, which reading the row makes.
+    assert tuple(f.name for f in dataclasses.fields(ClaimedJob)) == (*JOB_COLUMNS, "unreadable")
     for name, params in RETURNING_JOBS.items():
         extra = ["state"] if name in WITH_STATE else []
         assert columns(conn, name, params) == [*JOB_COLUMNS, *extra], name
@@ -93,3 +94,36 @@ def test_a_row_without_a_job_column_is_refused_by_name(conn: Conn) -> None:
     with pytest.raises(RuntimeError, match=r"lacks the columns \['started_at'\]"):
         conn.cursor(row_factory=job_rows).execute(
             "SELECT " + ", ".join(JOB_COLUMNS[:-1]) + " FROM akadze.jobs")
+
+
+def nested(depth: int) -> str:
+    """A JSON object nested ``depth`` deep, as text."""
+    return '{"a": ' + "[" * depth + "]" * depth + "}"
+
+
+def test_a_row_nested_too_deep_to_read_is_a_job_marked_unreadable(conn: Conn) -> None:
+    # Written by SQL, as another tool or a hand-written UPDATE could: jsonb takes it,
+    # Python's json cannot read it back (RecursionError past about 1 000 levels).
+    conn.execute("INSERT INTO akadze.jobs (queue, task, args, meta) VALUES "
+                 "('q', 't', %s::jsonb, '{\"m\": 1}'), ('q', 't', '{\"x\": 2}', %s::jsonb),"
+                 " ('q', 't', '{\"ok\": [[1]]}', '{}')",
+                 (nested(5_000), nested(5_000)))
+    jobs = claim(conn, queue="q", slots=5)
+    assert [(job.args, job.meta) for job in jobs] == [({}, {"m": 1}), ({"x": 2}, {}),
+                                                      ({"ok": [[1]]}, {})]
+    assert [job.unreadable for job in jobs] == [
+        "its stored arguments are nested too deeply to read (past Python's recursion limit)",
+        "its stored meta is nested too deeply to read (past Python's recursion limit)",
+        None,
+    ]
+    # Every reader of the job row survives it: a lock for an operator's action too.
+    job, state = conn.cursor(row_factory=job_state_rows).execute(
+        queries.get("job_lock"), {"id": jobs[0].id}).fetchall()[0]
+    assert (job.id, job.args, state) == (jobs[0].id, {}, JobState.RUNNING)
+    assert job.unreadable is not None and "arguments" in job.unreadable
+    # A depth Python reads is read whole.
+    conn.execute("UPDATE akadze.jobs SET args = %s::jsonb WHERE id = %s",
+                 (nested(500), jobs[0].id))
+    job = conn.cursor(row_factory=job_rows).execute(
+        queries.get("job_lock"), {"id": jobs[0].id}).fetchall()[0]
+    assert job.unreadable is None and list(job.args) == ["a"]

@@ -35,6 +35,7 @@ from .errors import (
     MigrationError,
     ScheduleError,
     UnknownTask,
+    UnstorableResult,
     WorkerError,
 )
 from .jobs import ClaimedJob, EnqueuedJob, JobState
@@ -110,6 +111,7 @@ __all__ = [
     "Task",
     "TaskOutcome",
     "UnknownTask",
+    "UnstorableResult",
     "Worker",
     "WorkerError",
     "WorkerEvent",

@@ -87,6 +87,12 @@ class WorkerError(AkadzeError):
     """The worker was misconfigured or could not run."""
 
 
+class UnstorableResult(AkadzeError, ValueError):
+    """A task's result is JSON that PostgreSQL cannot store (a NUL character, a lone
+    surrogate) or is over the app's ``max_result_bytes``; the message says which. A
+    ValueError too, as json.dumps's own refusals of what is not JSON."""
+
+
 class JobLost(AkadzeError):
     """A run lost its job: it was cancelled, timed out, given back or rescued after a lost
     lease, so the run's fencing token (``run_count``) no longer matches and its writes

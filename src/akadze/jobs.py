@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import enum
 import functools
+import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,10 @@ class ClaimedJob:
     """A job handed to a worker by a claim.
 
     ``run_count`` is the fencing token of this run: a finish is accepted only when
-    the row still carries it.
+    the row still carries it. ``unreadable`` says why the stored ``args`` or ``meta``
+    could not be read (a row written by other means, nested past Python's recursion
+    limit): they are then empty, and the worker fails the job as ``InvalidArguments``
+    without running it.
     """
 
     id: int
@@ -54,6 +58,9 @@ class ClaimedJob:
     expires_at: datetime | None = None
     worker_id: str | None = None
     started_at: datetime | None = None
+    # Not a column (reading the row sets it): keep it the last field, after the
+    # columns, which the row factories pass by position.
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,10 +84,42 @@ class EnqueuedJob:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-# The columns a ClaimedJob is read from: its fields, which are the columns of the
-# job_columns fragment (sql/queries/jobs.sql) that every query returning a job
-# splices in.
-JOB_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ClaimedJob))
+# The columns a ClaimedJob is read from: its fields (but ``unreadable``, which
+# reading makes), which are the columns of the job_columns fragment
+# (sql/queries/jobs.sql) that every query returning a job splices in.
+JOB_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ClaimedJob)
+                                     if f.name != "unreadable")
+_ARGS, _META = JOB_COLUMNS.index("args"), JOB_COLUMNS.index("meta")
+
+
+def stored_object(value: Any) -> tuple[dict[str, Any], str | None]:
+    """A stored JSON object (``args``, ``meta``) from the text the job columns carry:
+    ``(the object, None)``, or ``({}, why)`` when it cannot be read (nested past the
+    recursion limit, not an object). A value psycopg decoded already is taken as is."""
+    if not isinstance(value, str):
+        return value, None
+    try:
+        loaded = json.loads(value)
+    except RecursionError:
+        return {}, "nested too deeply to read (past Python's recursion limit)"
+    except ValueError as exc:  # pragma: no cover - jsonb's output is JSON
+        return {}, f"not JSON ({exc})"
+    if not isinstance(loaded, dict):
+        return {}, f"a JSON {type(loaded).__name__}, not an object"
+    return loaded, None
+
+
+def _job(values: Sequence[Any]) -> ClaimedJob:
+    """A ClaimedJob from the job columns in JOB_COLUMNS order, args and meta decoded."""
+    job = list(values)
+    job[_ARGS], bad_args = stored_object(job[_ARGS])
+    job[_META], bad_meta = stored_object(job[_META])
+    if bad_args is None and bad_meta is None:
+        return ClaimedJob(*job)
+    problems = [f"{name} {why}" for name, why in
+                (("its stored arguments are", bad_args), ("its stored meta is", bad_meta))
+                if why is not None]
+    return replace(ClaimedJob(*job), unreadable="; ".join(problems))
 
 
 def _picker(cursor: BaseCursor[Any, Any], columns: tuple[str, ...]
@@ -114,7 +153,7 @@ def job_rows(cursor: BaseCursor[Any, Any]) -> RowMaker[ClaimedJob]:
         return no_result
 
     def job(values: Sequence[Any]) -> ClaimedJob:
-        return ClaimedJob(*pick(values))
+        return _job(pick(values))
 
     return job
 
@@ -128,7 +167,7 @@ def job_state_rows(cursor: BaseCursor[Any, Any]) -> RowMaker[tuple[ClaimedJob, J
 
     def job_and_state(values: Sequence[Any]) -> tuple[ClaimedJob, JobState]:
         *job, state = pick(values)
-        return ClaimedJob(*job), JobState(state)
+        return _job(job), JobState(state)
 
     return job_and_state
 

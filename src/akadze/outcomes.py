@@ -10,8 +10,14 @@ A task ends in one of these ways:
   spent;
 - it raises :class:`Fail`: straight to ``failed``;
 - it raises :class:`Cancel`: straight to ``cancelled``;
-- anything else (another exception, a timeout, a result that is not JSON) is an
+- anything else (another exception, a timeout, a result that is not JSON or that
+  PostgreSQL cannot store or that is over the app's ``max_result_bytes``) is an
   error: like ``Retry()`` with the error recorded.
+
+What is recorded is always storable: messages and tracebacks go through
+:func:`akadze.storable.storable_text` (NUL and lone surrogates written as escapes),
+so that one odd exception cannot keep its job's outcome, and the others written with
+it, from being stored.
 
 :func:`decide` turns one run's end into a :class:`Finish`, the change to write.
 Nothing here does I/O (plain data in, plain data out): the worker writes many
@@ -28,9 +34,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import backoff
+from .arguments import oversize
 from .database import mask_password
-from .errors import AkadzeError
+from .errors import AkadzeError, UnstorableResult
 from .jobs import ClaimedJob, JobState
+from .storable import json_text_problem, storable_text
 
 #: How much of a message and of a traceback is kept in the job's ``errors``.
 MESSAGE_LIMIT = 2_000
@@ -119,35 +127,47 @@ def error_entry(
     message: str,
     exc: BaseException | None = None,
 ) -> str:
-    """The JSON text of one entry of a job's ``errors``, with secrets masked."""
+    """The JSON text of one entry of a job's ``errors``, with secrets masked and what
+    PostgreSQL cannot store escaped (the kind too: a class's name can be anything)."""
     entry: dict[str, Any] = {
         "attempt": job.attempt,
         "at": at.isoformat(),
-        "error": kind,
-        "message": mask_password(message)[:MESSAGE_LIMIT],
+        "error": storable_text(kind)[:MESSAGE_LIMIT],
+        "message": storable_text(mask_password(message))[:MESSAGE_LIMIT],
     }
     if exc is not None and exc.__traceback__ is not None:
         text = "".join(traceback.format_exception(exc))
-        entry["traceback"] = mask_password(text)[-TRACEBACK_LIMIT:]
+        entry["traceback"] = storable_text(mask_password(text))[-TRACEBACK_LIMIT:]
     return json.dumps(entry, default=str)
 
 
-def to_json(result: object) -> str | None:
+def to_json(result: object, max_bytes: int | None = None) -> str | None:
     """The JSON text of a task's return value (None for None).
 
     Raises TypeError or ValueError for a value that is not JSON (including NaN and
-    the infinities, which PostgreSQL's jsonb refuses).
+    the infinities, which PostgreSQL's jsonb refuses, and values nested past the
+    recursion limit, RecursionError), and :class:`UnstorableResult` for JSON that
+    jsonb refuses (a NUL character, a lone surrogate) or over ``max_bytes``.
     """
     if result is None:
         return None
     text = json.dumps(result, allow_nan=False, separators=(",", ":"))
-    if "\\u0000" in text:
-        raise ValueError("a JSON result cannot contain the NUL character")
+    problem = json_text_problem(text)
+    if problem is not None:
+        raise UnstorableResult(f"the result holds {problem}")
+    if max_bytes is not None:
+        # json.dumps escapes everything but ASCII: characters are bytes.
+        too_big = oversize("the result is", len(text), max_bytes, "max_result_bytes")
+        if too_big is not None:
+            raise UnstorableResult(too_big)
     return text
 
 
 def describe(exc: BaseException) -> str:
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose __str__ raises must still end its run
+        return f"{type(exc).__name__} (its message could not be read)"
     return text if text else type(exc).__name__
 
 
@@ -175,13 +195,20 @@ def _retry_or_fail(
     return Finish(job, RETRIED, JobState.QUEUED, delay=delay, error=error)
 
 
-def succeeded(job: ClaimedJob, result: object, at: datetime) -> Finish | None:
-    """The finish of a run that returned ``result``; None when it is not JSON (the
-    caller then treats it as an error)."""
+def succeeded(job: ClaimedJob, result: object, at: datetime,
+              max_bytes: int | None = None) -> Finish | tuple[str, str]:
+    """The finish of a run that returned ``result``; or, when it cannot be stored,
+    the kind and message of the error (the caller then treats it as an error)."""
     try:
-        text = to_json(result)
+        text = to_json(result, max_bytes)
+    except UnstorableResult as exc:
+        return "UnstorableResult", (
+            f"task {job.task!r} returned a result that cannot be stored: {exc}")
     except (TypeError, ValueError, RecursionError):
-        return None
+        return "TypeError", (
+            f"task {job.task!r} returned a value that is not JSON "
+            f"({type(result).__name__}); return JSON data (dict, list, str, number, bool, None)"
+        )
     return Finish(job, SUCCEEDED, JobState.SUCCEEDED, result=text)
 
 
@@ -194,11 +221,13 @@ def decide(
     draw: float,
     custom_backoff: Callable[[int], timedelta] | None = None,
     timeout: float | None = None,
+    max_result_bytes: int | None = None,
 ) -> tuple[Finish, str | None]:
     """The finish of one run that raised ``exc`` (or returned ``result`` when
     ``exc`` is None), and a warning to log when something was off.
 
-    ``timeout`` is set when the run was stopped for running over the task's timeout.
+    ``timeout`` is set when the run was stopped for running over the task's timeout;
+    ``max_result_bytes``: the most a result may take as JSON (the app's setting).
     """
     warning: str | None = None
     if timeout is not None:
@@ -207,15 +236,12 @@ def decide(
         error = error_entry(job, at, "TimeoutError", message)
         return _retry_or_fail(job, delay, error), warning
     if exc is None:
-        finish = succeeded(job, result, at)
-        if finish is not None:
+        finish = succeeded(job, result, at, max_result_bytes)
+        if isinstance(finish, Finish):
             return finish, None
+        kind, message = finish
         delay, warning = retry_delay(job, custom_backoff, draw)
-        message = (
-            f"task {job.task!r} returned a value that is not JSON "
-            f"({type(result).__name__}); return JSON data (dict, list, str, number, bool, None)"
-        )
-        return _retry_or_fail(job, delay, error_entry(job, at, "TypeError", message)), warning
+        return _retry_or_fail(job, delay, error_entry(job, at, kind, message)), warning
     if isinstance(exc, Snooze):
         return Finish(
             job, SNOOZED, JobState.QUEUED, attempt_delta=-1, delay=backoff.to_seconds(exc.delay)
@@ -244,6 +270,16 @@ def invalid_args(job: ClaimedJob, at: datetime, message: str) -> Finish:
     return Finish(
         job, FAILED, JobState.FAILED, error=error_entry(job, at, "InvalidArguments", message)
     )
+
+
+def unstorable(finish: Finish, at: datetime, refusal: str) -> Finish:
+    """What to write instead of ``finish`` when the database refused to store it
+    (``refusal``: what it said): the job fails, keeping the attempt its run counted,
+    with the refusal recorded. Retrying the run could only end the same way, and the
+    other outcomes written with it must not wait for it."""
+    message = f"the outcome of the run ({finish.kind}) could not be stored: {refusal}"
+    return Finish(finish.job, FAILED, JobState.FAILED,
+                  error=error_entry(finish.job, at, "UnstorableOutcome", message))
 
 
 def cancelled(job: ClaimedJob, at: datetime, message: str) -> Finish:

@@ -38,6 +38,7 @@ from ..errors import (
     MigrationError,
     ScheduleError,
     UnknownTask,
+    UnstorableResult,
     WorkerError,
 )
 from . import bench, db, demo, jobs, limits, metrics, migrate, queues, schedules, worker, workers
@@ -69,6 +70,7 @@ EXIT_CODES: dict[type[AkadzeError], int] = {
     EmbeddedServerError: EXIT_FAILURE,
     WorkerError: EXIT_FAILURE,
     JobLost: EXIT_FAILURE,
+    UnstorableResult: EXIT_FAILURE,
 }
 
 

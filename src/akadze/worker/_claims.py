@@ -1,30 +1,54 @@
-"""The claim loop of one queue: fill the queue's free slots, then wait for work.
+"""The claim loop of one queue: keep the queue's slots fed, then wait for work.
 
-Each pass claims as many jobs as the queue has free slots (one claim call, see
-:func:`akadze.claim.claim`) and hands them to ``start`` (the runner). A full claim
-is followed by another as soon as slots free up; a short one means the queue is
-drained for now, and the loop waits for its :class:`~._wakeup.Wakeup` (a
-notification, the polling timer or a known due time). Claiming pauses while the
-queue's slots are all taken, while the worker is fenced, and while too many
-outcomes wait to be written (``backlogged``).
+The loop claims while the queue's jobs run (one claim in flight at a time, on
+the queue's claim connection; never waiting for outcome writes) and hands what it
+claimed to ``start`` (the runner) as slots are free. It claims
+
+- at once when a slot is idle and nothing waits to take it (as many jobs as
+  there is room for), and
+- ahead, when the room left is at least half the slots: claimed jobs then wait
+  in a small buffer (claimed, not started) and start the moment a run ends, so
+  a slot does not wait for a claim's round trip. How far ahead
+  (:meth:`ClaimLoop.ahead`) follows the queue's runs: about as many as the
+  slots finish during one claim, at most the slot count, and none while the
+  queue's runs take long against a claim (a job must not wait here while
+  another worker could run it) or while the queue's jobs have limit keys (a
+  buffered job holds a place of its key's ``max_running``). A queue whose runs
+  are much shorter than a claim (no-op jobs) waits up to half a claim's
+  duration for the room to fill, so that each claim takes the most it may.
+
+A buffered job is running in the database, claimed by this worker and covered
+by its lease. It is given back, leaving no trace (it never started), when the
+worker stops or fences itself (:meth:`ClaimLoop.give_back_buffered`), and a
+cancellation request for it ends it as cancelled without running it.
+
+A full claim is followed by another as soon as there is room; a short one means
+the queue is drained for now, and the loop waits for its
+:class:`~._wakeup.Wakeup` (a notification, the polling timer or a known due
+time: a retry, a snooze, or the moment a start-rate window of a key the claim
+left without room opens again). Claiming pauses while the worker is fenced and
+while too many outcomes wait to be written (``backlogged``).
 
 A claim that failed may have committed unseen (the reply was lost): before the
 next claim of that queue, the loop reconciles, giving back the jobs of the queue
-that the database says run here and that are neither running nor pending
-(``known``).
+that the database says run here and that are neither running, buffered nor
+pending (``known``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 
+from psycopg.types.json import Jsonb
+
 from .. import backoff, queries
-from ..claim import claim
+from ..claim import claim, memory
 from ..jobs import ClaimedJob, job_rows
 from ._connections import Connections
-from ._state import WorkerState, wait_for
+from ._state import Run, WorkerState, wait_for
 from ._wakeup import Wakeup
 
 logger = logging.getLogger("akadze.worker")
@@ -32,9 +56,14 @@ logger = logging.getLogger("akadze.worker")
 Start = Callable[[str, ClaimedJob], None]
 HandBack = Callable[[ClaimedJob], None]
 
+#: Weight of the newest sample in the moving averages of run and claim times.
+SMOOTHING = 0.2
+#: A queue whose claims take this many times its runs claims full batches.
+SATURATED = 4
+
 
 class ClaimLoop:
-    """Claims for one queue."""
+    """Claims for one queue, and its buffer of claimed jobs not started yet."""
 
     def __init__(
         self,
@@ -45,6 +74,7 @@ class ClaimLoop:
         *,
         start: Start,
         hand_back: HandBack,
+        cancel_unstarted: HandBack,
         backlogged: Callable[[], bool],
         known: Callable[[], set[int]],
     ) -> None:
@@ -56,17 +86,75 @@ class ClaimLoop:
         self._wakeup = wakeup
         self._start = start
         self._hand_back = hand_back
+        self._cancel_unstarted = cancel_unstarted
         self._backlogged = backlogged
         self._known = known
         self._last_claim = 0.0  # loop time
         self._suspect = False  # a claim failed: its commit may have gone through unseen
+        #: Claimed, not started yet, in claim order (dicts keep insertion order).
+        self._buffer: dict[int, ClaimedJob] = {}
+        self._run_time: float | None = None  # moving average, seconds
+        self._claim_time: float | None = None
+        self._keyed = False  # the last claim returned jobs with a limit key
+        self._eager_since: float | None = None  # loop time: room to claim since then
+
+    # -- what the worker sees -------------------------------------------------------------
 
     @property
     def free(self) -> int:
-        return self._settings.slots - self._slots.busy
+        """Slots that nothing runs in and no buffered job waits for."""
+        return max(0, self._settings.slots - self._slots.busy - len(self._buffer))
+
+    @property
+    def ahead(self) -> int:
+        """How many jobs the loop claims beyond the slots: about as many as the
+        slots finish during one claim (the slots' count times a claim's duration
+        over a run's), at most the slots' count; none before a run ended, or while
+        the queue's jobs have limit keys."""
+        slots = self._settings.slots
+        if self._keyed or self._run_time is None or self._claim_time is None:
+            return 0
+        if self._run_time <= 0:
+            return slots
+        return min(slots, int(slots * self._claim_time / self._run_time))
+
+    def buffered_ids(self) -> set[int]:
+        return set(self._buffer)
+
+    def give_back_buffered(self) -> list[int]:
+        """Give back every buffered job (stop, fencing); return their ids."""
+        jobs, self._buffer = list(self._buffer.values()), {}
+        for job in jobs:
+            self._hand_back(job)
+        return [job.id for job in jobs]
+
+    def cancel_buffered(self, job_id: int) -> bool:
+        """A cancellation request for ``job_id``: when it waits here, end it as
+        cancelled without running it (True)."""
+        job = self._buffer.pop(job_id, None)
+        if job is None:
+            return False
+        logger.info("job %d (%s): cancellation requested before it started", job.id, job.task,
+                    extra={"job_id": job.id, "queue": self.queue})
+        self._cancel_unstarted(job)
+        return True
 
     async def claim(self, free: int) -> list[ClaimedJob]:
         """One claim of up to ``free`` jobs of the queue (not started)."""
+        jobs, _ = await self._claim(free)
+        return jobs
+
+    def hand_over(self, jobs: list[ClaimedJob]) -> None:
+        """Start ``jobs`` (just claimed) at once, and say so (``drain``)."""
+        for job in jobs:
+            self._start(self.queue, job)
+        self._emit_claimed(jobs)
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    async def _claim(self, free: int) -> tuple[list[ClaimedJob], tuple[str, ...]]:
+        """Claim up to ``free`` jobs; also the keys the claim left without room
+        (what the claim connection remembers for its next claim of the queue)."""
         settings = self._settings
         async with self._connections.claim_connection() as conn:
             jobs: list[ClaimedJob] = await claim(
@@ -74,41 +162,115 @@ class ClaimLoop:
                 worker_id=settings.worker_id, tasks=settings.task_names, app=settings.app,
                 now=settings.sql_now(),
             )
-        return jobs
+            blocked = memory.get(conn, self.queue).blocked if len(jobs) < free else ()
+        return jobs, blocked
 
-    def hand_over(self, jobs: list[ClaimedJob]) -> None:
-        """Hand ``jobs`` (just claimed) to the runner, and say so."""
+    async def _next_start(self, keys: tuple[str, ...]) -> float | None:
+        """Seconds until the soonest start-rate window of ``keys`` opens (None: none
+        of them is held by a start-rate limit)."""
+        async with self._connections.claim_connection() as conn:
+            cur = await conn.execute(queries.get("limit_next_start"), {
+                "keys": Jsonb(list(keys)), "now": self._settings.sql_now()})
+            row = await cur.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def _take(self, jobs: list[ClaimedJob]) -> None:
+        """Jobs just claimed: into the buffer, then into the free slots."""
+        if jobs:  # an empty claim says nothing of the queue's keys
+            self._keyed = any(job.limit_key is not None for job in jobs)
         for job in jobs:
-            self._start(self.queue, job)
+            self._buffer[job.id] = job
+        self._emit_claimed(jobs)
+        self._fill()
+
+    def _emit_claimed(self, jobs: list[ClaimedJob]) -> None:
         events = self._state.events
         if jobs and events.wanted:
             events.emit("claimed", queue=self.queue, job_ids=[job.id for job in jobs])
 
-    def _blocked(self) -> bool:
-        return self._slots.busy >= self._settings.slots or self._state.fenced or self._backlogged()
+    def _fill(self) -> None:
+        """Start buffered jobs in the free slots (not while stopping or fenced)."""
+        state, slots, buffer = self._state, self._slots, self._buffer
+        while buffer and slots.busy < self._settings.slots and not (
+                state.stopping or state.fenced):
+            job_id = next(iter(buffer))
+            job = buffer.pop(job_id)
+            self._start(self.queue, job)
+            run = state.running.get(job_id)
+            if run is not None and run.aio is not None:
+                run.aio.add_done_callback(functools.partial(self._ended, run))
+
+    def _ended(self, run: Run, _task: object) -> None:
+        took = asyncio.get_running_loop().time() - run.started
+        self._run_time = _average(self._run_time, took)
+        self._fill()
+
+    def _room(self) -> int:
+        return self._settings.slots + self.ahead - self._slots.busy - len(self._buffer)
+
+    def _saturated(self) -> bool:
+        """The queue's runs are much shorter than a claim: its slots empty in a
+        fraction of a claim's round trip, however early the claim is sent, and the
+        jobs per claim are what bounds the rate."""
+        run, took = self._run_time, self._claim_time
+        return (self.ahead >= self._settings.slots and run is not None and took is not None
+                and run * SATURATED <= took)
+
+    def _wait(self) -> float | None:
+        """How long to wait for a run to end before claiming; None: claim now.
+
+        A claim is sent when a slot is idle with no job to take, or when the room
+        left is half the slots or more. When the queue is saturated it waits a
+        little for the room to fill (half a claim's duration at most), so that
+        each claim takes the most it may."""
+        self._fill()  # a run may have ended just now: its slot first takes a buffered job
+        settings = self._settings
+        if self._state.fenced or self._backlogged():
+            return settings.poll_interval
+        room = self._room()
+        if room <= 0 or not (self.free > 0 or room >= max(1, settings.slots // 2)):
+            self._eager_since = None
+            return settings.poll_interval
+        if room >= settings.slots + self.ahead or not self._saturated():
+            return None
+        now = asyncio.get_running_loop().time()
+        if self._eager_since is None:
+            self._eager_since = now
+        left = self._eager_since + (self._claim_time or 0.0) / 2 - now
+        return None if left <= 0 else left
 
     def _stopping(self) -> bool:
         return self._state.stopping
 
     async def run(self) -> None:
-        state, slots, wakeup = self._state, self._slots, self._wakeup
-        loop = asyncio.get_running_loop()
-        where = f"claim on queue {self.queue!r}"
+        state = self._state
         while not state.registered.is_set():
             if state.stopping:
                 return
             await wait_for(state.registered, 0.5)
+        try:
+            await self._loop()
+        finally:
+            self.give_back_buffered()
+
+    async def _loop(self) -> None:
+        state, slots, wakeup = self._state, self._slots, self._wakeup
+        loop = asyncio.get_running_loop()
+        where = f"claim on queue {self.queue!r}"
         while not state.stopping:
-            if self._blocked():
+            wait = self._wait()
+            if wait is not None:
                 slots.freed.clear()
-                await wait_for(slots.freed, self._settings.poll_interval)
+                await wait_for(slots.freed, wait)
                 continue
+            self._eager_since = None
             wakeup.consume(self.queue)
-            free = self.free
+            room = self._room()
+            began = loop.time()
             try:
                 if self._suspect:
                     await self._reconcile()
-                jobs = await self.claim(free)
+                jobs, blocked = await self._claim(room)
             except Exception as exc:
                 self._suspect = True
                 if state.stopping:
@@ -120,36 +282,51 @@ class ClaimLoop:
                 continue
             state.trouble.recovered(where)
             self._last_claim = loop.time()
+            self._claim_time = _average(self._claim_time, self._last_claim - began)
             if state.stopping:  # claimed during a stop: hand them straight back
                 for job in jobs:
                     self._hand_back(job)
                 return
-            self.hand_over(jobs)
-            if len(jobs) >= free:
-                # The queue may hold more: claim again as soon as slots free up; one
+            self._take(jobs)
+            if len(jobs) >= room:
+                # The queue may hold more: claim again as soon as there is room; one
                 # pass of the loop lets every run that is finishing now finish first.
                 await asyncio.sleep(0)
                 continue
-            # Drained: wait for a notification, the polling timer or a known due time.
+            # Drained: wait for a notification (new jobs, or room for a limited key),
+            # the polling timer or a known due time (such as the moment a start-rate
+            # window of a key the claim left without room opens).
+            if blocked:
+                await self._when_window_opens(blocked)
             if not wakeup.notified(self.queue):
                 state.events.emit("idle", queue=self.queue)
             await wakeup.wait(self.queue, self._stopping)
             if not state.stopping and wakeup.notified(self.queue):
                 await wakeup.debounce(self._last_claim)
 
+    async def _when_window_opens(self, keys: tuple[str, ...]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            opens = await self._next_start(keys)
+        except Exception as exc:  # the poll still finds the window open
+            logger.debug("could not read when the start-rate windows open: %s", exc)
+            return
+        if opens is not None:
+            self._wakeup.due_at(self.queue, loop.time() + max(opens, 0.0))
+
     async def _reconcile(self) -> None:
         """Give back the jobs a lost claim reply left running for this worker.
 
         Runs in the queue's own loop, so no claim of this queue is in flight: a job
-        of the queue running for this worker that is neither running here nor
-        waiting for its outcome to be written was claimed unseen."""
+        of the queue running for this worker that is neither running here, buffered
+        nor waiting for its outcome to be written was claimed unseen."""
         async with self._connections.connection() as conn:
             cur = await conn.cursor(row_factory=job_rows).execute(
                 queries.get("worker_running_in_queue"),
                 {"worker_id": self._settings.worker_id, "queue": self.queue},
             )
             jobs = await cur.fetchall()
-        known = self._known()
+        known = self._known() | set(self._buffer)
         for job in jobs:
             if job.id not in known:
                 logger.warning(
@@ -157,3 +334,7 @@ class ClaimLoop:
                     job.id, extra={"job_id": job.id, "queue": self.queue})
                 self._hand_back(job)
         self._suspect = False
+
+
+def _average(current: float | None, sample: float) -> float:
+    return sample if current is None else current + SMOOTHING * (sample - current)

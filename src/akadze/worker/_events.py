@@ -25,6 +25,7 @@ EventKind = Literal[
     "lease_renewed",
     "fenced",
     "outcomes_written",
+    "cancel_checked",
     "stopping",
     "stopped",
 ]
@@ -32,7 +33,7 @@ EventKind = Literal[
 #: Every kind of event, in the order a worker's life usually shows them.
 EVENT_KINDS: tuple[EventKind, ...] = (
     "started", "ready", "listening", "claimed", "idle", "lease_renewed", "fenced",
-    "outcomes_written", "stopping", "stopped",
+    "outcomes_written", "cancel_checked", "stopping", "stopped",
 )
 
 
@@ -42,7 +43,8 @@ class WorkerEvent:
 
     ``kind`` says what happened (see the table in docs/reference/worker.md);
     ``queue`` is set for ``claimed`` and ``idle``; ``job_ids`` holds the jobs
-    concerned (claimed, given back when fenced, outcomes accepted by the fence);
+    concerned (claimed, given back when fenced, outcomes accepted by the fence, the
+    running jobs the database marks cancel-requested for ``cancel_checked``);
     ``discarded`` the jobs whose outcome the fence refused (``outcomes_written``);
     ``detail`` is ``"graceful"`` or ``"now"`` for ``stopping``.
     """

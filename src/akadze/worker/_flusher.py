@@ -4,7 +4,8 @@ The runner hands each decided finish to :meth:`OutcomeFlusher.submit`; the flush
 loop writes what is pending, many finishes per statement (``_finishes.write``),
 each row fenced by ``run_count``, and reports what the fence refused (those runs'
 outcomes are lost: the job is no longer theirs). After a retry or a snooze is
-written, ``on_due`` learns when the job will be ready again.
+written, ``on_due`` learns when the job will be ready again. A row whose data the
+database refuses fails alone (``_refusals``): the rest of its batch is written.
 
 A write is three steps, kept apart so that a later writer (one that shares a
 round trip with the next claim) can take the same batch: :meth:`take` the batch,
@@ -14,12 +15,14 @@ write it, then :meth:`written` (or keep it pending after a failure).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .. import backoff, outcomes
 from ._connections import Connections
 from ._finishes import write
+from ._refusals import write_splitting
 from ._state import WorkerState
 
 logger = logging.getLogger("akadze.worker")
@@ -28,18 +31,24 @@ logger = logging.getLogger("akadze.worker")
 MAX_BATCH = 5_000
 
 OnDue = Callable[[str, float], None]
+#: Told the queues of written outcomes of jobs with a limit key: their keys have room.
+OnRoom = Callable[[str], None]
 
 
 class OutcomeFlusher:
     """Pending finishes and their writing."""
 
-    def __init__(self, state: WorkerState, connections: Connections, *, on_due: OnDue) -> None:
+    def __init__(self, state: WorkerState, connections: Connections, *, on_due: OnDue,
+                 on_room: OnRoom | None = None) -> None:
         self._state = state
         self._connections = connections
         self._on_due = on_due
+        self._on_room = on_room
         self._pending: list[outcomes.Finish] = []
         self._wanted = asyncio.Event()
         self._write_lock = asyncio.Lock()
+        #: Jobs of the batch being written that failed instead of their outcome.
+        self._failed_instead: set[int] = set()
 
     # -- what the others see ------------------------------------------------------------
 
@@ -73,10 +82,15 @@ class OutcomeFlusher:
         del self._pending[: len(batch)]
         now = asyncio.get_running_loop().time()
         discarded: list[int] = []
+        failed_instead, self._failed_instead = self._failed_instead, set()
+        roomy: set[str] = set()
         for finish in batch:
             job = finish.job
             if job.id in accepted:
-                if finish.delay is not None and finish.state.value == "queued":
+                if job.limit_key is not None:
+                    roomy.add(job.queue)
+                if (finish.delay is not None and finish.state.value == "queued"
+                        and job.id not in failed_instead):
                     self._on_due(job.queue, now + finish.delay)
                 continue
             if retried:
@@ -88,6 +102,9 @@ class OutcomeFlusher:
                 "job %d (%s): outcome %s discarded: the job is no longer this run's "
                 "(rescued, cancelled or timed out meanwhile)", job.id, job.task,
                 finish.kind, extra={"job_id": job.id, "task": job.task})
+        if self._on_room is not None:
+            for queue in roomy:  # a slot of a key may have freed: claim again now
+                self._on_room(queue)
         events = self._state.events
         if events.wanted:
             events.emit("outcomes_written", job_ids=sorted(accepted), discarded=discarded)
@@ -95,10 +112,31 @@ class OutcomeFlusher:
     async def _write(self, batch: list[outcomes.Finish]) -> set[int]:
         if not batch:
             return set()
-        app = self._state.settings.app
+        settings = self._state.settings
+        hooks = settings.app.on_transition_hooks
         async with self._connections.connection() as conn:
-            return await write(conn, batch, hooks=app.on_transition_hooks,
-                               now=self._state.settings.sql_now())
+            async def write_part(part: Sequence[outcomes.Finish]) -> set[int]:
+                return await write(conn, part, hooks=hooks, now=settings.sql_now())
+
+            accepted, replaced = await write_splitting(write_part, batch, settings.wall_now())
+        for refused, instead in replaced:
+            self._replaced(refused, instead, accepted)
+        return accepted
+
+    def _replaced(self, refused: outcomes.Finish, instead: outcomes.Finish,
+                  accepted: set[int]) -> None:
+        """The database refused ``refused``; ``instead`` (the job failed) was written."""
+        job = refused.job
+        if job.id not in accepted:
+            return  # the fence refused the failure too: the job is no longer this run's
+        counts = self._state.counts
+        counts[refused.kind] -= 1
+        counts[instead.kind] += 1
+        self._failed_instead.add(job.id)
+        logger.error(
+            "job %d (%s): the database refused its outcome (%s); the job is failed "
+            "instead: %s", job.id, job.task, refused.kind, _message(instead),
+            extra={"job_id": job.id, "task": job.task})
 
     # -- writing ------------------------------------------------------------------------
 
@@ -142,3 +180,8 @@ class OutcomeFlusher:
                         raise
                     return
                 self.written(batch, accepted, retried=False)
+
+
+def _message(finish: outcomes.Finish) -> str:
+    entry = json.loads(finish.error or "{}")
+    return str(entry.get("message", ""))

@@ -55,6 +55,10 @@ class TaskRuntime:
     def sql_now(self) -> datetime | None:
         return self._state.settings.sql_now()
 
+    @property
+    def max_result_bytes(self) -> int:
+        return self._state.settings.app.max_result_bytes
+
     @asynccontextmanager
     async def async_connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         async with self._connections.connection() as conn:
@@ -121,6 +125,12 @@ class Runner:
         """Give back a job that was claimed but will not run here."""
         self._count_and_submit(outcomes.given_back(job))
 
+    def cancel_unstarted(self, job: ClaimedJob) -> None:
+        """End a job that was claimed but never started as cancelled (its
+        cancellation was requested while it waited for a slot)."""
+        self._count_and_submit(outcomes.cancelled(
+            job, self._settings.wall_now(), "cancellation was requested before it started"))
+
     def tasks(self) -> list[asyncio.Task[None]]:
         """The asyncio tasks of the runs in progress."""
         return [run.aio for run in self._state.running.values() if run.aio is not None]
@@ -170,11 +180,9 @@ class Runner:
             try:
                 if app.before_run_hooks:
                     await call_run_hooks(app.before_run_hooks, job)
-                try:
-                    kwargs = task.load_args(job.args)
-                except pydantic.ValidationError as invalid:
-                    message = "stored arguments are invalid: " + describe_validation(
-                        job.task, invalid)
+                kwargs = _arguments(run)
+                if isinstance(kwargs, str):
+                    message = kwargs
                     run.body_done = True
                     self._finish(run, outcomes.invalid_args(
                         job, self._settings.wall_now(), message))
@@ -231,7 +239,7 @@ class Runner:
             finish, warning = outcomes.decide(
                 job, exc, result, at=self._settings.wall_now(),
                 draw=self._state.random.random(), custom_backoff=run.task.backoff,
-                timeout=timed_out,
+                timeout=timed_out, max_result_bytes=self._settings.app.max_result_bytes,
             )
             if warning:
                 logger.warning("job %d: %s", job.id, warning, extra=self._extra(run))
@@ -340,6 +348,22 @@ class Runner:
             duration * 1000, detail,
             extra=self._extra(run, duration=duration, outcome=kind),
         )
+
+
+def _arguments(run: Run) -> dict[str, Any] | str:
+    """The keyword arguments of the run's call, or why the stored ones cannot be used:
+    unreadable (``ClaimedJob.unreadable``: only this job fails, never the claim that
+    read it) or invalid for the task's model."""
+    job = run.job
+    if job.unreadable is not None:
+        return f"task {job.task!r} cannot run: {job.unreadable}"
+    try:
+        return run.task.load_args(job.args)
+    except pydantic.ValidationError as invalid:
+        return "stored arguments are invalid: " + describe_validation(job.task, invalid)
+    except RecursionError:
+        return (f"stored arguments are invalid: task {job.task!r}: nested too deeply to "
+                "validate (past Python's recursion limit)")
 
 
 async def _quietly(future: asyncio.Future[Any]) -> None:

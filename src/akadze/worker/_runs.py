@@ -43,6 +43,9 @@ class Runtime(Protocol):
 
     def sql_now(self) -> datetime | None: ...
 
+    @property
+    def max_result_bytes(self) -> int: ...
+
     def async_connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
     def sync_connection(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
@@ -125,7 +128,8 @@ class RunContext:
         lost lease, cancelled, timed out), everything in the block is rolled back and
         :class:`~akadze.errors.JobLost` is raised.
         """
-        text = to_json(result)  # a bad result fails here, before any write
+        # A bad result fails here, before any write.
+        text = to_json(result, self._runtime.max_result_bytes)
         return CompleteTx(self, text)
 
     def __repr__(self) -> str:

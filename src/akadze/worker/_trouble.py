@@ -38,7 +38,10 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    try:
+        text = str(exc).strip()
+    except Exception:  # a task's exception whose __str__ raises
+        text = "(its message could not be read)"
     line = text.splitlines()[0] if text else ""
     name = type(exc).__name__
     return mask_password(f"{name}: {line}" if line else name)

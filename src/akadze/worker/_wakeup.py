@@ -7,6 +7,11 @@ of the worker's callbacks. It reconnects by itself; whenever it (re)connects it
 calls ``on_connected`` so the worker looks at every queue once, since
 notifications sent while nobody listened are lost.
 
+A notification is a hint, never an order: any role may ``NOTIFY`` on any channel.
+A queue's notification makes its claim loop claim (which takes only what the
+database holds as ready); a cancel notification makes the cancel watcher read the
+database's ``cancel_requested`` marks (:mod:`._cancellation`).
+
 :class:`Wakeup` holds each queue's reasons to look again: a notification, the
 polling timer (``poll_interval``, jittered; it keeps working without LISTEN,
 which cannot work behind PgBouncer in transaction pooling mode and which

@@ -120,17 +120,19 @@ class Worker:
         connections = self._connections = Connections(settings)
         self._wakeup = Wakeup(settings.queues, poll_interval=settings.poll_interval,
                               rand=state.random)
-        self._flusher = OutcomeFlusher(state, connections, on_due=self._wakeup.due_at)
+        self._flusher = OutcomeFlusher(state, connections, on_due=self._wakeup.due_at,
+                                       on_room=self._key_room)
         self._runner = Runner(state, TaskRuntime(state, connections),
                               submit=self._flusher.submit)
-        self._leases = LeaseKeeper(state, connections, on_fence=self._runner.give_back_unfinished,
+        self._leases = LeaseKeeper(state, connections, on_fence=self._give_back_all,
                                    on_unfence=self._wake_all)
         self._listener: Listener | None = None
-        self._cancels = CancelWatcher(state, connections, cancel=self._runner.cancel,
-                                      listening=self._listening)
+        self._cancels = CancelWatcher(state, connections, cancel=self._cancel,
+                                      listening=self._listening, holds=self._holds)
         self._claim_loops = {
             name: ClaimLoop(name, state, connections, self._wakeup,
                             start=self._runner.start, hand_back=self._runner.hand_back,
+                            cancel_unstarted=self._runner.cancel_unstarted,
                             backlogged=self._flusher.backlogged, known=self._known_jobs)
             for name in settings.queues
         }
@@ -229,6 +231,8 @@ class Worker:
             state.events.emit("started")
             await state.stop_requested.wait()
             state.stopping = True
+            for claims in self._claim_loops.values():  # claimed ahead, never started
+                claims.give_back_buffered()
             self._wake_all()
             await shut_down(state, self._runner, self._flusher, self._leases)
         finally:
@@ -361,6 +365,31 @@ class Worker:
         self._wake_all()
         self._cancels.poll_soon()
         self._state.events.emit("listening")
+
+    def _key_room(self, queue: str) -> None:
+        """This worker wrote the outcome of a job with a limit key: the key may have
+        room. Listening, the notification of migration 0010 says so a moment later
+        (waking here as well would claim twice); without LISTEN, claim again now."""
+        if not self._listening():
+            self._wakeup.notify(queue)
+
+    def _give_back_all(self) -> list[int]:
+        """Fenced: give back every unfinished run and every job claimed ahead."""
+        given = self._runner.give_back_unfinished()
+        for claims in self._claim_loops.values():
+            given += claims.give_back_buffered()
+        return given
+
+    def _cancel(self, job_id: int) -> None:
+        """A cancellation request: a job claimed ahead ends before it starts, a
+        running one is ended by the runner."""
+        if not any(claims.cancel_buffered(job_id) for claims in self._claim_loops.values()):
+            self._runner.cancel(job_id)
+
+    def _holds(self, job_id: int) -> bool:
+        """Whether ``job_id`` runs here or waits here, claimed ahead."""
+        return job_id in self._state.running or any(
+            job_id in claims.buffered_ids() for claims in self._claim_loops.values())
 
     def _known_jobs(self) -> set[int]:
         """The jobs this worker knows it has: running, or waiting for their outcome."""

@@ -8,9 +8,14 @@
 -- A ClaimedJob: what the claim, rescue, cancel and requeue return. run_count is
 -- the fencing token of the run. Queries that also need the job's state add
 -- ", j.state" on the line after the include.
-j.id, j.queue, j.task, j.args, j.priority, j.run_at, j.limit_key, j.run_count,
-j.attempt, j.max_attempts, j.meta, j.unique_key, j.expires_at, j.worker_id,
-j.started_at
+-- args and meta come as text (the same bytes jsonb's output sends anyway) and are
+-- decoded per row by job_rows, which survives what it cannot read: a row written by
+-- another tool with args nested 5 000 deep made psycopg's jsonb loader raise
+-- RecursionError inside the claim, so every claim of its queue failed. Now only
+-- that job fails (InvalidArguments), at its run.
+j.id, j.queue, j.task, j.args::text AS args, j.priority, j.run_at, j.limit_key,
+j.run_count, j.attempt, j.max_attempts, j.meta::text AS meta, j.unique_key,
+j.expires_at, j.worker_id, j.started_at
 
 -- fragment: job_summary_columns
 -- A JobSummary, read by name: the job as stored but the three columns that can be

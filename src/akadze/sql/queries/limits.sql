@@ -89,3 +89,28 @@ SELECT
     END AS starts_in_window
 FROM akadze.limits l
 ORDER BY l.key
+
+-- name: limit_next_start
+-- When the soonest of the keys `keys` (a jsonb array: the keys a worker's claim
+-- left without room) gets room for a start again: seconds from now (from
+-- %(now)s, the injectable clock), NULL when none of them is held by a start-rate
+-- limit. A key has room when fewer than max_starts of its marks are inside the
+-- window ending at now (the claim's bound: a mark exactly one window old is
+-- outside), so its window opens when its max_starts-th newest mark leaves it:
+-- exact, read backwards on start_marks_key_idx, one index probe per key. A key
+-- held by max_running as well gets a claim that finds no room: a wasted claim,
+-- never a missed one. Sent only by a claim loop about to wait (a short claim
+-- that left keys without room), never inside the claim.
+SELECT extract(epoch FROM min(o.opens) - coalesce(%(now)s::timestamptz, now()))::float8
+FROM akadze.limits l
+CROSS JOIN LATERAL (
+    SELECT m.started_at + l."window" AS opens
+    FROM akadze.start_marks m
+    WHERE m.key = l.key
+      AND m.started_at > coalesce(%(now)s::timestamptz, now()) - l."window"
+    ORDER BY m.started_at DESC
+    OFFSET l.max_starts - 1
+    LIMIT 1
+) o
+WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
+  AND l.max_starts IS NOT NULL

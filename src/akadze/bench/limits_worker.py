@@ -1,0 +1,55 @@
+"""The worker side of ``akadze bench limits-busy``: the bench's task and a worker
+that runs until the scenario's jobs are done, in this process or in a spawned one
+(this module imports nothing of the CLI, so that a spawned process can import it)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import click
+
+from ..app import Akadze
+from ..database import connect
+from ..worker import Worker
+from . import queries
+
+TASK = "bench.sleep"
+
+
+def app(url: str) -> Akadze:
+    app = Akadze(url)
+
+    @app.task(TASK)
+    async def sleep(seconds: float) -> dict[str, float]:
+        began = time.time()
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+        return {"s": began, "e": time.time()}
+
+    return app
+
+
+def one(conn: Any, name: str) -> tuple[Any, ...]:
+    row = conn.execute(queries.get(name)).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+async def run_until_done(url: str, slots: int, poll: float, total: int) -> None:
+    """A worker in this process until ``total`` jobs succeeded."""
+    async with Worker(app(url), slots=slots, poll_interval=poll, lease=60) as worker:
+        with connect(url) as conn:
+            deadline = time.monotonic() + max(60.0, total / 10)
+            while one(conn, "limits_busy_done")[0] < total:
+                if time.monotonic() > deadline:
+                    raise click.ClickException(f"{total} jobs did not finish in time")
+                await asyncio.sleep(0.02)
+        await worker.wait_idle()
+
+
+
+def child(url: str, slots: int, poll: float, total: int) -> None:
+    """A worker process of the many-keys scenario."""
+    asyncio.run(run_until_done(url, slots, poll, total))

@@ -1,0 +1,45 @@
+-- Queries of `akadze bench limits-busy` (akadze.bench.limits_busy).
+
+-- name: limits_busy_reset
+TRUNCATE akadze.jobs, akadze.workers, akadze.limits, akadze.start_marks
+
+-- name: limits_busy_insert
+-- %(count)s jobs of task %(task)s, the i-th of key %(prefix)s || (i %% %(keys)s):
+-- the keys interleaved in queue order, as a mixed burst arrives. limited = true:
+-- the keys' limits rows exist already (as enqueue would set it).
+INSERT INTO akadze.jobs (queue, task, args, limit_key, limited)
+SELECT 'default', %(task)s, jsonb_build_object('seconds', %(seconds)s::float8),
+       %(prefix)s || (i %% %(keys)s)::text, true
+FROM generate_series(0, %(count)s - 1) AS i
+
+-- name: limits_busy_done
+SELECT count(*) FILTER (WHERE state = 'succeeded'), count(*) FROM akadze.jobs
+
+-- name: limits_busy_drain
+-- Seconds from the first start to the last outcome, as the database saw them.
+SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM akadze.jobs
+
+-- name: limits_busy_use
+-- Each key's use of its max_running: the time its jobs' functions ran (each task
+-- returns its own wall-clock start and end, {"s": .., "e": ..}) over max_running
+-- times the key's span from its first start to its last end. 1.0: the key ran at
+-- its limit from its first job to its last. Per key, then their mean and minimum.
+WITH runs AS (
+    SELECT j.limit_key AS key, (j.result ->> 's')::float8 AS s, (j.result ->> 'e')::float8 AS e
+    FROM akadze.jobs j
+    WHERE j.state = 'succeeded'
+), per_key AS (
+    SELECT r.key, sum(r.e - r.s) / (l.max_running * (max(r.e) - min(r.s))) AS used
+    FROM runs r
+    JOIN akadze.limits l ON l.key = r.key
+    GROUP BY r.key, l.max_running
+)
+SELECT avg(used)::float8, min(used)::float8, count(*) FROM per_key
+
+-- name: limits_busy_starts
+-- The starts of the rate-limited key, in order (wall-clock seconds, as the tasks
+-- saw them).
+SELECT (result ->> 's')::float8 AS s
+FROM akadze.jobs
+WHERE state = 'succeeded'
+ORDER BY 1
