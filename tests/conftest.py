@@ -179,3 +179,22 @@ async def async_engine(database_url: str) -> AsyncIterator[Any]:
     engine = create_async_engine(sqlalchemy_url(database_url))
     yield engine
     await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(server_url: str) -> Iterator[Any]:
+    """A PgBouncer of the tests' own in transaction pooling mode, on a private port in
+    front of the test server (akadze.bench.pgbouncer); skipped only when the
+    ``pgbouncer`` binary is not installed (CI installs Debian's)."""
+    from akadze.bench.pgbouncer import PgBouncer, find_pgbouncer
+
+    if find_pgbouncer() is None:
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    with PgBouncer(server_url, pool_mode="transaction", pool_size=40) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def pgbouncer_url(pgbouncer: Any, database_url: str) -> str:
+    """This test's database through the tests' PgBouncer (transaction pooling)."""
+    return str(pgbouncer.url(database_url))

@@ -312,7 +312,7 @@ def test_no_read_of_the_dashboard_scans_the_jobs_table(database_url: str) -> Non
               "top": 5, "prefix": None, "after_key": None, "after_at_limit": None,
               "page": 10, "keys": ["k"], "queue": "q", "states": None, "task": None,
               "limit_key": None, "meta": None, "before": 10, "scan": 10, "limit": 10,
-              "names": ["n"]}
+              "names": ["n"], "ids": [1]}
     with psycopg.connect(database_url) as conn:
         conn.execute("SET enable_seqscan = off")
         for name in names:
@@ -400,3 +400,22 @@ async def test_a_local_dashboard_answers_local_names_only(database_url: str) -> 
         rebound = await c.get("/api/session", headers={"Host": "attacker.example:8484"})
         assert rebound.status_code == 400 and "csrf_token" not in rebound.text
     await asgi.state.dashboard.close()
+
+
+async def test_the_job_page_shows_the_workflow_and_progress(
+        dash_app: Akadze, readonly: httpx.AsyncClient) -> None:
+    task = dash_app.tasks["send_email"]
+    parent = task.using(delay=3600).enqueue_sync(to="a")
+    child = task.using(after=[parent]).enqueue_sync(to="b")
+    with psycopg.connect(dash_app.database_url, autocommit=True) as conn:
+        conn.execute("UPDATE akadze.jobs SET progress = 0.25, progress_message = '<b>a</b>', "
+                     "progress_at = now() WHERE id = %s", (parent,))
+    data = (await readonly.get(f"/api/jobs/{parent}")).json()
+    assert data["children"] == [{"id": child, "task": task.name, "state": "waiting"}]
+    assert data["progress"]["fraction"] == 0.25 and data["job"]["progress"] == 0.25
+    page = (await readonly.get(f"/jobs/{parent}")).text
+    assert "Workflow" in page and f'href="/jobs/{child}"' in page and "25%" in page
+    assert "<b>a</b>" not in page and "&lt;b&gt;a&lt;/b&gt;" in page
+    child_data = (await readonly.get(f"/api/jobs/{child}")).json()
+    assert child_data["parents"][0]["id"] == parent and "cancel" in child_data["actions"]
+    assert "waiting for 1" in (await readonly.get(f"/jobs/{child}")).text

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from akadze import Akadze, ConfigurationError, DuplicateJob, EnqueuedJob, Job
-from akadze.jobspec import COPY_CHUNK_ROWS
+from akadze.batches import COPY_CHUNK_ROWS
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from akadze import Akadze, EnqueueError, Job, UnknownTask
+from akadze import Akadze, DuplicateJob, EnqueueError, Job, UnknownTask
 from akadze.jobspec import META_MAX_BYTES
 from akadze.tasks import Task
 
@@ -152,9 +152,9 @@ def test_bad_item_in_bulk_inserts_nothing(database_url: str, conn: Any, hello: A
                 hello.using(session=mine).enqueue_many_sync(items)
         with pytest.raises(EnqueueError, match="single dict"):
             hello.using(session=mine).enqueue_many_sync({"name": "x"})
-        with pytest.raises(EnqueueError) as refused:
+        with pytest.raises(DuplicateJob) as refused:  # the second item holds the first's key
             hello.using(session=mine, unique_key="u").enqueue_many_sync(good)
-        assert refused.value.field == "unique_key"
+        assert refused.value.field == "unique_key" and refused.value.job_id is None
         mine.commit()
     assert count(conn) == 0
 
@@ -310,8 +310,8 @@ def test_unknown_option_names_are_a_type_error(hello: Any) -> None:
     # that is not one of them is refused like any unexpected keyword argument.
     with pytest.raises(TypeError, match="unexpected keyword argument 'priorty'"):
         hello.using(priorty=3)
-    with pytest.raises(TypeError, match="unique_key is not available in bulk"):
-        Job({"name": "x"}, unique_key="u")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'unique'"):
+        Job({"name": "x"}, unique="u")  # type: ignore[call-arg]
     job = Job(args={"name": "x"}, limit_key="k", priority=2)
     assert job.args == {"name": "x"} and job.options == {"limit_key": "k", "priority": 2}
     assert job == Job({"name": "x"}, priority=2, limit_key="k")

@@ -26,15 +26,29 @@ async def wait_for(conn: psycopg.AsyncConnection[Any], sql: str, expected: Any,
 
 async def test_two_workers_run_each_fire_once(database_url: str,
                                               aconn: psycopg.AsyncConnection[Any]) -> None:
+    await _two_workers_run_each_fire_once(database_url, aconn)
+
+
+async def test_each_fire_runs_once_through_pgbouncer(
+    pgbouncer_url: str, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    # Maintenance (its lock), schedules (their per-schedule locks) and claims through
+    # a pooler in transaction mode; aconn is direct.
+    await _two_workers_run_each_fire_once(pgbouncer_url, aconn, transaction_pooling=True)
+
+
+async def _two_workers_run_each_fire_once(url: str, aconn: psycopg.AsyncConnection[Any],
+                                          transaction_pooling: bool = False) -> None:
     clock = ManualClock(datetime(2026, 3, 1, 12, 0, 5, tzinfo=UTC))
-    app = Akadze(database_url=database_url, clock=clock)
+    app = Akadze(database_url=url, clock=clock)
     runs: list[str] = []
 
     @app.periodic("minutely", every=timedelta(minutes=1), queue="cron")
     def minutely() -> None:
         runs.append("run")
 
-    workers = [Worker(app, database_url=database_url, poll_interval=0.05) for _ in range(2)]
+    workers = [Worker(app, database_url=url, poll_interval=0.05,
+                      transaction_pooling=transaction_pooling) for _ in range(2)]
     tasks = [asyncio.create_task(w.run()) for w in workers]
     try:
         done = "SELECT count(*) FROM akadze.jobs WHERE state = 'succeeded'"

@@ -7,6 +7,8 @@ in ``docs/reference/api.md`` (a test keeps the two lists equal).
 from __future__ import annotations
 
 from .app import Akadze
+from .awaiting import wait_for, wait_for_sync
+from .backoff import BackoffPolicy
 from .cancellation import request_cancel, request_cancel_sync
 from .control import (
     pause_queue,
@@ -49,7 +51,7 @@ from .limits import (
     set_limit,
     set_limit_sync,
 )
-from .migrate import migrate, migrate_sync
+from .migrate import applied_versions, migrate, migrate_sync
 from .outcomes import Cancel, Fail, Retry, Snooze, TaskOutcome
 from .overview import (
     JobSummary,
@@ -76,6 +78,7 @@ __all__ = [
     "Akadze",
     "AkadzeError",
     "AsyncHookError",
+    "BackoffPolicy",
     "Cancel",
     "ClaimedJob",
     "ConfigurationError",
@@ -117,6 +120,7 @@ __all__ = [
     "WorkerEvent",
     "WorkerSummary",
     "__version__",
+    "applied_versions",
     "clear_limit",
     "clear_limit_sync",
     "current",
@@ -144,4 +148,6 @@ __all__ = [
     "retry_now_sync",
     "set_limit",
     "set_limit_sync",
+    "wait_for",
+    "wait_for_sync",
 ]

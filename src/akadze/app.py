@@ -8,12 +8,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from . import arguments, database, schedules
+from .backoff import BackoffPolicy
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import AkadzeError, ConfigurationError, ScheduleError, UnknownTask
 from .hooks import Hook
 from .schedules import Schedule, ScheduleOptions
 from .sessions import DatabaseSource
-from .tasks import BackoffFunction, Task, TaskFunction
+from .tasks import Task, TaskFunction
 
 if TYPE_CHECKING:  # SQLAlchemy is optional: imported when app.engine is first used
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -109,7 +110,7 @@ class Akadze(DatabaseSource):
         max_attempts: int = 3,
         timeout: float | timedelta | None = None,
         priority: int = 0,
-        backoff: BackoffFunction | None = None,
+        backoff: BackoffPolicy | None = None,
     ) -> Callable[[TaskFunction], Task[Any]]: ...
 
     def task(
@@ -121,7 +122,7 @@ class Akadze(DatabaseSource):
         max_attempts: int = 3,
         timeout: float | timedelta | None = None,
         priority: int = 0,
-        backoff: BackoffFunction | None = None,
+        backoff: BackoffPolicy | None = None,
     ) -> Any:
         """Register a task: ``@app.task("send_email", queue="mail")``.
 
@@ -156,7 +157,7 @@ class Akadze(DatabaseSource):
         max_attempts: int = 3,
         timeout: float | timedelta | None = None,
         priority: int = 0,
-        backoff: BackoffFunction | None = None,
+        backoff: BackoffPolicy | None = None,
     ) -> Task[Any]:
         """Bind a plain callable as a task (for dependency injection)."""
         if not isinstance(name, str) or not name.strip():
@@ -212,7 +213,7 @@ class Akadze(DatabaseSource):
         max_attempts: int = 3,
         timeout: float | timedelta | None = None,
         priority: int = 0,
-        backoff: BackoffFunction | None = None,
+        backoff: BackoffPolicy | None = None,
     ) -> Callable[[TaskFunction], Task[Any]]:
         """Register a task named ``name`` and a schedule of the same name that runs it:
         ``@app.periodic("nightly", cron="0 3 * * *", timezone="Europe/Berlin")`` or

@@ -8,7 +8,13 @@ property-tested.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeAlias
+
+#: The type of a task's ``backoff``: the attempt number that just failed (1 for the
+#: first run) -> how long to wait before the next (``akadze.BackoffPolicy``).
+BackoffPolicy: TypeAlias = Callable[[int], timedelta]
 
 #: The first retry waits about one second, each next one twice as long ...
 BASE_SECONDS = 1.0

@@ -17,11 +17,10 @@ twins for sync sessions; each pair is two thin calls of one dialog (akadze.dialo
 
 from __future__ import annotations
 
-import psycopg
-
 from . import dialog, names, queries
 from .app import Akadze, transition_hooks
 from .dialog import Dialog
+from .enqueue import lock_keys, read_holders
 from .errors import ConfigurationError, DuplicateJob, InvalidJobState, JobNotFound
 from .hooks import Hook
 from .jobs import ClaimedJob, JobState, check_job_id, job_rows, job_state_rows
@@ -51,7 +50,8 @@ def _check_queue(queue: object) -> str:
     return queue
 
 
-def _check_requeue(row: tuple[ClaimedJob, JobState] | None, job_id: int) -> tuple[str, str]:
+def _check_requeue(row: tuple[ClaimedJob, JobState] | None, job_id: int
+                   ) -> tuple[str, str | None]:
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
     job, state = row[0], row[1].value
@@ -59,7 +59,7 @@ def _check_requeue(row: tuple[ClaimedJob, JobState] | None, job_id: int) -> tupl
         raise InvalidJobState(
             f"job {job_id} is {state}; only failed or cancelled jobs can be requeued"
         )
-    return state, str(job.unique_key)
+    return state, job.unique_key
 
 
 def _check_retry(row: tuple[ClaimedJob, JobState] | None, job_id: int) -> None:
@@ -92,12 +92,14 @@ def _requeue(job_id: object, hooks: list[Hook]) -> Dialog[None]:
     found = yield from dialog.one(queries.get("job_lock"), {"id": checked},
                                  row_factory=job_state_rows)
     before, unique_key = _check_requeue(found, checked)
-    try:  # a savepoint: the caller's transaction survives a DuplicateJob
-        row = yield from dialog.transaction(
-            dialog.one(queries.get("job_requeue"), {"id": checked, "now": None},
-                       row_factory=job_rows))
-    except psycopg.errors.UniqueViolation:
-        raise DuplicateJob(unique_key) from None
+    if unique_key is not None:  # held by another job not finished: refused (akadze.uniqueness)
+        yield from lock_keys([unique_key])
+        holders, _ = yield from read_holders([unique_key], [None])
+        others = [h.id for h in holders.get(unique_key, ()) if h.id != checked]
+        if others:
+            raise DuplicateJob(unique_key, max(others))
+    row = yield from dialog.one(queries.get("job_requeue"), {"id": checked, "now": None},
+                               row_factory=job_rows)
     assert row is not None
     yield from dialog.call_hooks(hooks, row, before, "queued",
                                  kind="on_transition", where="requeue_sync")

@@ -9,7 +9,9 @@ A *dialog* is a generator that yields steps and receives their results:
   transaction) or in a pipeline;
 - :class:`CopyIn`: feed a ``COPY ... FROM STDIN`` from an iterator of text chunks;
 - :class:`CallHooks`: call hooks with the connection and arguments;
-- :class:`Usable`: whether the connection is still open and not broken.
+- :class:`Usable`: whether the connection is still open and not broken;
+- :class:`Idle` and :class:`Wait`: whether the connection can LISTEN, and waiting for
+  notifications or time (``wait_for``).
 
 Two small drivers carry the steps out, :func:`run_sync` on a psycopg ``Connection`` and
 :func:`run_async` on an ``AsyncConnection``. An exception a step raises is thrown into
@@ -26,6 +28,8 @@ connection is opened or joined: the checks of its arguments come first.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
@@ -106,7 +110,23 @@ class Usable:
     """Whether the connection is open and not broken (worth a clean-up statement)."""
 
 
-Step: TypeAlias = "Execute | Fetch | Block | CopyIn | CallHooks | Usable"
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Whether the connection is in autocommit mode outside any transaction: a
+    LISTEN there takes effect at once, and notifications reach it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Wait up to ``timeout`` seconds: for notifications (``listening``; the dialog
+    receives their payloads, an empty list when none came), else simply the time (the
+    dialog receives an empty list)."""
+
+    timeout: float
+    listening: bool
+
+
+Step: TypeAlias = "Execute | Fetch | Block | CopyIn | CallHooks | Usable | Idle | Wait"
 Dialog: TypeAlias = Generator[Step, Any, T]
 
 # -- steps as sub-dialogs (``x = yield from rows(...)``), typed -------------------------
@@ -161,6 +181,14 @@ def call_hooks(hooks: Sequence[Hook], *args: Any, kind: str, where: str) -> Dial
         yield CallHooks(tuple(hooks), args, kind, where)
 
 
+def idle() -> Dialog[bool]:
+    return cast(bool, (yield Idle()))
+
+
+def wait(timeout: float, *, listening: bool) -> Dialog[list[str]]:
+    return cast(list[str], (yield Wait(timeout, listening)))
+
+
 def usable() -> Dialog[bool]:
     return cast(bool, (yield Usable()))
 
@@ -200,6 +228,10 @@ def _outcome(step: Step, error: BaseException) -> BaseException:
 
 
 # -- drivers ------------------------------------------------------------------------------
+
+
+def _idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
 def _advance(dialog: Dialog[T], reply: Any = None,
@@ -259,6 +291,13 @@ def _step_sync(conn: psycopg.Connection[Any], step: Step) -> Any:
     if isinstance(step, CallHooks):
         hook_calls.call_sync(step.hooks, (conn, *step.args), step.kind, step.where)
         return None
+    if isinstance(step, Idle):
+        return _idle(conn)
+    if isinstance(step, Wait):
+        if not step.listening:
+            time.sleep(step.timeout)
+            return []
+        return [n.payload for n in conn.notifies(timeout=step.timeout, stop_after=1)]
     return not conn.closed and not conn.broken  # Usable
 
 
@@ -314,6 +353,13 @@ async def _step_async(conn: psycopg.AsyncConnection[Any], step: Step) -> Any:
     if isinstance(step, CallHooks):
         await hook_calls.call_async(step.hooks, (conn, *step.args))
         return None
+    if isinstance(step, Idle):
+        return _idle(conn)
+    if isinstance(step, Wait):
+        if not step.listening:
+            await asyncio.sleep(step.timeout)
+            return []
+        return [n.payload async for n in conn.notifies(timeout=step.timeout, stop_after=1)]
     return not conn.closed and not conn.broken  # Usable
 
 

@@ -17,6 +17,7 @@ checks and the COPY formatting live in :mod:`akadze.jobspec` (arguments in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -24,17 +25,16 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.types.json import Jsonb
 
-from . import dialog, hooks, queries, sessions
+from . import dialog, hooks, queries, sessions, uniqueness, workflows
+from .batches import Batch, build_batch, check_bulk
 from .clock import Clock
 from .dialog import Dialog
 from .errors import ConfigurationError, DuplicateJob, EnqueueError, UnknownTask
 from .hooks import Hook
-from .jobspec import Batch, Job, Options, Pending, TaskSpec, build_batch, build_pending, check_bulk
+from .jobspec import Job, Options, Pending, TaskSpec, build_pending
 from .sessions import Session, SyncSession
 
 __all__ = ["Enqueuer", "Job"]
-
-UNIQUE_INDEX = "jobs_active_unique_idx"
 
 T = TypeVar("T")
 
@@ -84,8 +84,9 @@ class Enqueuer:
 
     async def enqueue(self, /, **kwargs: Any) -> int:
         """Insert one job; return its id. Raises EnqueueError (nothing inserted), or
-        DuplicateJob when an active job holds the ``unique_key`` (the caller's
-        transaction stays usable)."""
+        DuplicateJob when another job holds the ``unique_key`` and ``on_duplicate`` is
+        "raise" (the caller's transaction stays usable); with "ignore" or "replace" the
+        id returned is the holder's (akadze.uniqueness)."""
         pending = self._pending(kwargs)
         return await self._run("enqueue", lambda joined: self._one(pending, joined))
 
@@ -98,7 +99,9 @@ class Enqueuer:
 
     async def enqueue_many(self, items: Iterable[Mapping[str, Any] | Job], /) -> list[int]:
         """Insert one job per item with COPY; return the ids in item order. Every item
-        is validated first: one bad item raises EnqueueError and nothing is inserted."""
+        is validated first: one bad item raises EnqueueError and nothing is inserted.
+        An item whose ``unique_key`` is held is answered by the holder's id (or the
+        whole call refused with DuplicateJob, for "raise")."""
         listed = self._items(items)
         if not listed:
             return []
@@ -116,17 +119,20 @@ class Enqueuer:
 
     def _pending(self, kwargs: dict[str, Any]) -> Pending:
         _check_registered(self.task)
+        workflows.check_single(self.options)
         return build_pending(self.task, self.options, kwargs)
 
     def _items(self, items: Iterable[Mapping[str, Any] | Job]) -> list[Mapping[str, Any] | Job]:
         _check_registered(self.task)
-        check_bulk(self.options, items)
+        check_bulk(items)
         return items if isinstance(items, list) else list(items)
 
     def _one(self, pending: Pending, joined: bool) -> Dialog[int]:
         # A savepoint only where a failure must leave the caller's transaction usable.
         hooks = list(self.task.app.on_enqueue_hooks)
         guard = joined and (pending.options.unique_key is not None or bool(hooks))
+        if pending.options.after:
+            guard = joined
         return insert_one(pending, hooks, guard=guard)
 
     def _many(self, items: list[Mapping[str, Any] | Job], joined: bool) -> Dialog[list[int]]:
@@ -210,12 +216,91 @@ def _params(pending: Pending) -> dict[str, Any]:
         "unique_key": options.unique_key,
         "expires_at": options.expires_at,
         "meta": options.meta_json,
+        "state": "queued",
+        "waiting_for": 0,
     }
 
 
-def _duplicate(exc: psycopg.errors.UniqueViolation, pending: Pending) -> DuplicateJob | None:
-    if exc.diag.constraint_name == UNIQUE_INDEX and pending.options.unique_key is not None:
-        return DuplicateJob(pending.options.unique_key)
+# -- uniqueness over time (akadze.uniqueness decides, these dialogs read and write) ----------
+
+
+def _claim(options: Options) -> uniqueness.Claim | None:
+    if options.unique_key is None:
+        return None
+    return uniqueness.Claim(options.unique_key, options.on_duplicate, options.unique_for,
+                            options.keep_run_at)
+
+
+def lock_keys(keys: list[str]) -> Dialog[None]:
+    """Lock the sorted ``keys`` until the transaction ends; refuse a transaction whose
+    snapshot would hide a concurrent enqueue of them."""
+    row = yield from dialog.one(queries.get("unique_lock"), {"keys": keys})
+    assert row is not None
+    if row[0] != "read committed":
+        raise EnqueueError(
+            f"unique_key needs a READ COMMITTED transaction (this one is {row[0]}): a "
+            "stricter snapshot cannot see a duplicate enqueued concurrently",
+            field="unique_key",
+        )
+
+
+def read_holders(keys: list[str], claims: list[uniqueness.Claim | None]
+                 ) -> Dialog[tuple[dict[str, list[uniqueness.Holder]], Any]]:
+    """The jobs holding ``keys`` and the database time (None when none holds any)."""
+    periods = [c.period.total_seconds() for c in claims if c is not None and c.period]
+    found = yield from dialog.rows(queries.get("unique_holders"),
+                                   {"keys": keys, "period": max(periods, default=None)})
+    holders: dict[str, list[uniqueness.Holder]] = {}
+    for key, job_id, state, finished_at, _ in found:
+        holders.setdefault(key, []).append(uniqueness.Holder(int(job_id), state, finished_at))
+    return holders, found[0][4] if found else None
+
+
+def refused(plan: uniqueness.Plan) -> DuplicateJob | None:
+    if plan.duplicate is None:
+        return None
+    _, key, holder = plan.duplicate
+    return DuplicateJob(key, None if holder < 0 else holder)
+
+
+def replace_holders(updates: dict[int, tuple[Options, str]]) -> Dialog[set[int]]:
+    """Give the holders ``updates`` (job id -> the options and argument text of the
+    item replacing it) their new arguments; return the ids replaced."""
+    if not updates:
+        return set()
+    ids = list(updates)
+    params = {
+        "ids": ids,
+        "args": [updates[i][1] for i in ids],
+        "keep": [updates[i][0].keep_run_at for i in ids],
+        "run_ats": [updates[i][0].run_at for i in ids],
+        "delays": [updates[i][0].delay.total_seconds() for i in ids],
+    }
+    rows = yield from dialog.rows(queries.get("unique_replace"), params)
+    return {int(row[0]) for row in rows}
+
+
+def _decide_one(pending: Pending) -> Dialog[int | None]:
+    """The id of the job that answers ``pending`` when another holds its key (after a
+    replace or for "ignore"), else None: it is to be inserted."""
+    claim = _claim(pending.options)
+    assert claim is not None
+    yield from lock_keys([claim.key])
+    holders, now = yield from read_holders([claim.key], [claim])
+    while holders:
+        plan = uniqueness.plan([claim], holders, now)
+        duplicate = refused(plan)
+        if duplicate is not None:
+            raise duplicate
+        kind, answer = plan.answers[0]
+        if kind == "row":
+            return None
+        if not plan.updates:
+            return answer
+        replaced = yield from replace_holders({answer: (pending.options, pending.args_json)})
+        if answer in replaced:
+            return answer
+        holders = uniqueness.started(holders, {answer})  # claimed meanwhile
     return None
 
 
@@ -233,17 +318,25 @@ def insert_one(pending: Pending, on_enqueue: Sequence[Hook], *, guard: bool) -> 
     if guard:
         yield from dialog.execute(queries.get("savepoint_enqueue"))
     try:
-        row = yield from dialog.one(queries.get("enqueue_job"), _params(pending))
-        assert row is not None
-        job_id, run_at = row
-        yield from dialog.call_hooks(on_enqueue, pending.enqueued(job_id, run_at),
-                                     kind="on_enqueue", where="a sync enqueue")
+        existing = None
+        if pending.options.unique_key is not None:
+            existing = yield from _decide_one(pending)
+        if existing is not None:
+            job_id = existing
+        else:
+            params = _params(pending)
+            if pending.options.after:
+                begun, states = yield from workflows.plan_one(pending.options)
+                params.update(state=begun.state, waiting_for=begun.waiting_for)
+            row = yield from dialog.one(queries.get("enqueue_job"), params)
+            assert row is not None
+            job_id, run_at = row
+            if pending.options.after:
+                yield from workflows.write_one(job_id, pending.options, begun, states)
+            yield from dialog.call_hooks(on_enqueue, pending.enqueued(job_id, run_at),
+                                         kind="on_enqueue", where="a sync enqueue")
     except GeneratorExit:
         raise
-    except psycopg.errors.UniqueViolation as exc:
-        if guard:
-            yield from dialog.execute(queries.get("rollback_to_savepoint_enqueue"))
-        raise _duplicate(exc, pending) or exc from None
     except BaseException:
         if guard:
             yield from _rollback_quietly()
@@ -301,8 +394,17 @@ def insert_many(
         batch, row = yield from dialog.pipeline(reserve())
         assert row is not None
         now, first, listed = row
-        ids = _ids(first, listed, batch.size)
-        yield from dialog.copy_in(_copy_statement(batch), batch.copy_chunks(ids, now))
+        ids = reserved = _ids(first, listed, batch.size)
+        answers = None
+        if batch.unique_keys():
+            answers = yield from _unique_batch(batch, now)
+            ids = [reserved[i] for i in batch.inserted]
+        if batch.item_parents or batch.job_parents:
+            yield from workflows.plan_batch(batch, answers)
+        if ids:
+            yield from dialog.copy_in(_copy_statement(batch), batch.copy_chunks(ids, now))
+        if batch.edges:
+            yield from workflows.write_batch(batch, {i: reserved[i] for i in batch.inserted})
         if on_enqueue:
             for job in batch.enqueued(ids, now):
                 yield from dialog.call_hooks(on_enqueue, job, kind="on_enqueue",
@@ -315,4 +417,35 @@ def insert_many(
         raise
     if guard:
         yield from dialog.execute(queries.get("release_savepoint_enqueue"))
-    return ids
+    if answers is None:
+        return ids
+    return [reserved[j] if kind == "row" else j for kind, j in answers]
+
+
+def _unique_batch(batch: Batch, now: Any) -> Dialog[list[tuple[str, int]]]:
+    """Decide the items of ``batch`` that carry a unique_key (akadze.uniqueness): set the
+    rows it inserts, replace the holders to replace; return each item's answer."""
+    keys = batch.unique_keys()
+    claims = [_claim(batch.options_of(i)) for i in range(batch.size)]
+    yield from lock_keys(keys)
+    holders, _ = yield from read_holders(keys, claims)
+    while True:
+        plan = uniqueness.plan(claims, holders, now)
+        duplicate = refused(plan)
+        if duplicate is not None:
+            raise duplicate
+        targets = list(plan.updates)
+        texts = batch.serialize([plan.updates[t][0] for t in targets])
+        replaced = yield from replace_holders({
+            t: (batch.options_of(plan.updates[t][0]), text)
+            for t, text in zip(targets, texts, strict=True)})
+        missed = set(targets) - replaced
+        if not missed:
+            break
+        holders = uniqueness.started(holders, missed)  # claimed meanwhile: insert instead
+    batch.rows = plan.rows
+    for later, earlier in plan.keep.items():
+        kept = batch.options_of(earlier)
+        batch.row_options[later] = dataclasses.replace(
+            batch.options_of(later), run_at=kept.run_at, delay=kept.delay)
+    return plan.answers

@@ -44,15 +44,19 @@ class EnqueueError(AkadzeError):
 
 
 class DuplicateJob(EnqueueError):
-    """An active (queued or running) job already holds this ``unique_key``.
+    """Another job holds this ``unique_key``: one not finished, or one finished within
+    the enqueue's ``unique_for`` (``job_id``: that job, None when it is an earlier item
+    of the same ``enqueue_many``).
 
-    The caller's transaction stays usable: the failed insert is rolled back to a
+    The caller's transaction stays usable: the refused enqueue is rolled back to a
     savepoint.
     """
 
-    def __init__(self, unique_key: str) -> None:
-        super().__init__(f"an active job already has unique_key {unique_key!r}", field="unique_key")
+    def __init__(self, unique_key: str, job_id: int | None = None) -> None:
+        held = "an earlier item of this call" if job_id is None else f"job {job_id}"
+        super().__init__(f"unique_key {unique_key!r} is held by {held}", field="unique_key")
         self.unique_key = unique_key
+        self.job_id = job_id
 
 
 class UnknownTask(EnqueueError):

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 
 class JobState(enum.StrEnum):
+    WAITING = "waiting"
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypedDict, Unpack
+from typing import Any, Protocol, TypedDict, Unpack, cast
 
 from . import arguments, names
 from .arguments import HasArguments
@@ -56,18 +56,29 @@ class PlacementOptions(TypedDict, total=False):
 
 
 class JobOptions(PlacementOptions, total=False):
-    """The options of one job of a bulk insert (:class:`Job`)."""
+    """The options of one job of a bulk insert (:class:`Job`).
+
+    ``unique_key`` with ``unique_for`` and ``on_duplicate`` (``"raise"``, ``"ignore"``,
+    ``"replace"``; ``keep_run_at`` with "replace") make a job unique over time
+    (akadze.uniqueness); ``after`` names the jobs it waits for (ids, or the
+    :class:`Job` items of the same ``enqueue_many`` call) and ``after_policy`` what
+    a failed or cancelled parent does to it (``"cancel"``, the default, or ``"run"``).
+    """
 
     delay: timedelta | float | None
     run_at: datetime | None
     expires_at: datetime | None
+    unique_key: str | None
+    unique_for: timedelta | float | None
+    on_duplicate: str | None
+    keep_run_at: bool | None
+    after: Sequence[int | Job] | None
+    after_policy: str | None
 
 
 class EnqueueOptions(JobOptions, total=False):
-    """The options of ``task.using(...)``: a job's options plus ``unique_key``, which bulk
-    inserts do not take (one duplicate would abort the whole COPY)."""
-
-    unique_key: str | None
+    """The options of ``task.using(...)``: those of a job (the defaults of every item of
+    an ``enqueue_many``)."""
 
 
 def check_option_names(given: Mapping[str, object], allowed: type[Any], where: str) -> None:
@@ -76,9 +87,7 @@ def check_option_names(given: Mapping[str, object], allowed: type[Any], where: s
     known: frozenset[str] = allowed.__required_keys__ | allowed.__optional_keys__
     unknown = sorted(set(given) - known)
     if unknown:
-        hint = (" (unique_key is not available in bulk: enqueue such jobs one at a time)"
-                if "unique_key" in unknown else "")
-        raise TypeError(f"{where} got an unexpected keyword argument {unknown[0]!r}{hint}")
+        raise TypeError(f"{where} got an unexpected keyword argument {unknown[0]!r}")
 
 
 @dataclass(frozen=True, init=False)
@@ -88,8 +97,8 @@ class Job:
         Job({"name": "ada"}, limit_key="acme", priority=5)
 
     Options left out (``None``) take the enqueuer's, then the task's. ``delay`` or
-    ``run_at`` given here replace both of the enqueuer's. ``unique_key`` is not
-    available in bulk (one duplicate would abort the whole COPY).
+    ``run_at`` given here replace both of the enqueuer's. ``after`` may name other
+    items of the same call (their Job objects), so that a whole graph is one call.
     """
 
     args: Mapping[str, Any]
@@ -98,6 +107,11 @@ class Job:
     def __init__(self, args: Mapping[str, Any] | None = None,
                  **options: Unpack[JobOptions]) -> None:
         check_option_names(options, JobOptions, "Job()")
+        after = options.get("after")
+        if after is not None and not isinstance(after, str | bytes | Mapping):
+            # a copy: the graph of a call is fixed when its items are made
+            copied = tuple(after) if isinstance(after, Iterable) else after
+            options = cast(JobOptions, {**options, "after": copied})
         object.__setattr__(self, "args", {} if args is None else args)
         object.__setattr__(self, "options", options)
 
@@ -116,6 +130,11 @@ class Options:
     expires_at: datetime | None
     meta: dict[str, Any]
     meta_json: str
+    unique_for: timedelta | None = None
+    on_duplicate: str = "raise"
+    keep_run_at: bool = False
+    after: tuple[int | Job, ...] = ()
+    after_policy: str = "cancel"
 
     def ready_at(self, now: datetime) -> datetime:
         """When the job becomes ready, given the database time of the insert."""
@@ -299,6 +318,62 @@ def check_meta(value: object, where: str = "") -> tuple[dict[str, Any], str]:
     return plain, text
 
 
+ON_DUPLICATE = ("raise", "ignore", "replace")
+AFTER_POLICIES = ("cancel", "run")
+
+
+def check_choice(value: object, field: str, choices: tuple[str, ...], where: str = "") -> str:
+    if not isinstance(value, str) or value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise _refuse(where, f"{field} must be one of {listed}, got {value!r}", field)
+    return value
+
+
+def check_period(value: object, where: str = "") -> timedelta:
+    """unique_for: a positive timedelta or number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
+        raise _refuse(where, "unique_for must be a timedelta or a number of seconds, got "
+                      f"{type(value).__name__}", "unique_for")
+    if not isinstance(value, timedelta):
+        if not math.isfinite(value):
+            raise _refuse(where, f"unique_for must be finite, got {value}", "unique_for")
+        try:
+            value = timedelta(seconds=value)
+        except OverflowError:
+            raise _refuse(where, "unique_for is too large", "unique_for") from None
+    if value <= _NO_DELAY:
+        raise _refuse(where, f"unique_for must be positive, got {value}", "unique_for")
+    if value > timedelta(days=36_500):
+        raise _refuse(where, "unique_for must be at most 100 years", "unique_for")
+    return value
+
+
+def check_after(value: object, where: str = "") -> tuple[int | Job, ...]:
+    """after: the jobs a job waits for, as job ids or Job items of the same call."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise _refuse(where, "after must be a list of job ids (or akadze.Job items of the "
+                      f"same enqueue_many), got {type(value).__name__}", "after")
+    parents: list[int | Job] = []
+    for item in value:
+        if isinstance(item, Job):
+            parents.append(item)
+        elif isinstance(item, int) and not isinstance(item, bool) and 1 <= item < 2**63:
+            parents.append(int(item))
+        else:
+            raise _refuse(where, "after must name jobs by their ids (positive integers) or "
+                          f"as akadze.Job items of the same enqueue_many, got {item!r}",
+                          "after")
+    # once each: ids by value, Jobs by identity (an item of a graph is the object itself)
+    seen: set[object] = set()
+    unique = []
+    for parent in parents:
+        mark = parent if isinstance(parent, int) else ("job", id(parent))
+        if mark not in seen:
+            seen.add(mark)
+            unique.append(parent)
+    return tuple(unique)
+
+
 def default_options(task: TaskSpec) -> Options:
     """The options of a job of ``task`` given none: the task's defaults."""
     return Options(
@@ -318,6 +393,9 @@ def build_options(
     queue, limit_key, unique_key = given.get("queue"), given.get("limit_key"), given.get(
         "unique_key")
     meta = given.get("meta")
+    unique_for, on_duplicate = given.get("unique_for"), given.get("on_duplicate")
+    keep_run_at, after, after_policy = (given.get("keep_run_at"), given.get("after"),
+                                        given.get("after_policy"))
     if delay is not None and run_at is not None:
         raise _refuse(where, "give delay or run_at, not both", "delay")
     if base is None:
@@ -336,6 +414,21 @@ def build_options(
         meta_plain, meta_json = base.meta, base.meta_json
     else:
         meta_plain, meta_json = check_meta(meta, where)
+    checked_key = (
+        base.unique_key if unique_key is None else check_text(unique_key, "unique_key", where))
+    checked_policy = (base.on_duplicate if on_duplicate is None
+                      else check_choice(on_duplicate, "on_duplicate", ON_DUPLICATE, where))
+    if keep_run_at is not None and not isinstance(keep_run_at, bool):
+        raise _refuse(where, f"keep_run_at must be True or False, got {keep_run_at!r}",
+                      "keep_run_at")
+    checked_keep = base.keep_run_at if keep_run_at is None else keep_run_at
+    checked_period = base.unique_for if unique_for is None else check_period(unique_for, where)
+    if checked_key is None and (unique_for is not None or on_duplicate is not None
+                                or keep_run_at):
+        raise _refuse(where, "unique_for, on_duplicate and keep_run_at need a unique_key",
+                      "unique_key")
+    if checked_keep and checked_policy != "replace":
+        raise _refuse(where, 'keep_run_at applies to on_duplicate="replace"', "keep_run_at")
     return Options(
         queue=base.queue if queue is None else check_text(queue, "queue", where),
         priority=checked_priority,
@@ -345,14 +438,18 @@ def build_options(
         limit_key=(
             base.limit_key if limit_key is None else check_text(limit_key, "limit_key", where)
         ),
-        unique_key=(
-            base.unique_key if unique_key is None else check_text(unique_key, "unique_key", where)
-        ),
+        unique_key=checked_key,
         expires_at=(
             base.expires_at if expires_at is None else check_moment(expires_at, "expires_at", where)
         ),
         meta=meta_plain,
         meta_json=meta_json,
+        unique_for=checked_period,
+        on_duplicate=checked_policy,
+        keep_run_at=checked_keep,
+        after=base.after if after is None else check_after(after, where),
+        after_policy=(base.after_policy if after_policy is None
+                      else check_choice(after_policy, "after_policy", AFTER_POLICIES, where)),
     )
 
 
@@ -381,184 +478,3 @@ def build_pending(task: TaskSpec, options: Options, kwargs: Mapping[str, Any]) -
     """One job, checked: its arguments (akadze.arguments) and options."""
     args_json = arguments.serialize_args(task, kwargs, max_bytes=task.app.max_args_bytes)
     return Pending(task=task.name, args_json=args_json, options=options)
-
-
-# -- many jobs ----------------------------------------------------------------------------
-
-_BASE_COLUMNS = ("id", "queue", "task", "args", "priority", "max_attempts")
-
-def copy_text(value: str) -> str:
-    """``value`` escaped for COPY's text format."""
-    return (
-        value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-    )
-
-
-@dataclass(slots=True)
-class Batch:
-    """Checked jobs for one bulk insert.
-
-    The arguments are validated when the batch is built; their JSON text is made
-    chunk by chunk in :meth:`copy_chunks`, while the server ingests the previous
-    chunk. What only serialization can find (a NUL character or a NaN inside an
-    ``Any`` argument) raises EnqueueError from there, and the caller rolls back.
-    """
-
-    task: TaskSpec
-    options: Options
-    arg_dicts: list[Any]
-    validated: list[Any]
-    # Options of each item, or None when all items share ``options``.
-    item_options: list[Options] | None
-    columns: tuple[str, ...]
-    # JSON text of each item's arguments, filled by copy_chunks.
-    args: list[str] = field(default_factory=list)
-    # The keys of the batch that have a limits row (enqueue's limited_keys query):
-    # their jobs are copied with limited = true (migration 0005).
-    limited_keys: frozenset[str] = frozenset()
-
-    @property
-    def size(self) -> int:
-        return len(self.validated)
-
-    def keys(self) -> list[str]:
-        """The distinct limit keys of the batch."""
-        if self.item_options is None:
-            return [] if self.options.limit_key is None else [self.options.limit_key]
-        return sorted({o.limit_key for o in self.item_options if o.limit_key is not None})
-
-    def _options_of(self, index: int) -> Options:
-        return self.options if self.item_options is None else self.item_options[index]
-
-    def _row_parts(self, options: Options, now: datetime) -> tuple[str, str]:
-        """The text of a row around its id and args: ``id{head}args{tail}``."""
-        head = f"\t{copy_text(options.queue)}\t{copy_text(self.task.name)}\t"
-        tail = [str(options.priority), str(options.max_attempts)]
-        columns = self.columns
-        if "run_at" in columns:
-            tail.append(options.ready_at(now).isoformat())
-        if "limit_key" in columns:
-            tail.append(r"\N" if options.limit_key is None else copy_text(options.limit_key))
-            tail.append("t" if options.limit_key in self.limited_keys else "f")
-        if "meta" in columns:
-            tail.append(copy_text(options.meta_json))
-        if "expires_at" in columns:
-            tail.append(r"\N" if options.expires_at is None else options.expires_at.isoformat())
-        return head, "\t" + "\t".join(tail) + "\n"
-
-    def _serialize(self, start: int, stop: int) -> list[str]:
-        return arguments.dump_many(self.task, self.validated[start:stop], self.arg_dicts, start,
-                                   max_bytes=self.task.app.max_args_bytes)
-
-    def copy_chunks(self, ids: Sequence[int], now: datetime) -> Iterator[str]:
-        """The COPY text-format data, in chunks of COPY_CHUNK_ROWS rows."""
-        backslash, doubled = "\\", "\\\\"
-        shared = self._row_parts(self.options, now)
-        parts_by_options: dict[int, tuple[str, str]] = {id(self.options): shared}
-        self.args = []
-        for start in range(0, self.size, COPY_CHUNK_ROWS):
-            stop = min(start + COPY_CHUNK_ROWS, self.size)
-            texts = self._serialize(start, stop)
-            self.args.extend(texts)
-            args = [
-                text.replace(backslash, doubled) if backslash in text else text
-                for text in texts
-            ]
-            if self.item_options is None:
-                head, tail = shared
-                pairs = zip(ids[start:stop], args, strict=True)
-                yield "".join([f"{i}{head}{a}{tail}" for i, a in pairs])
-                continue
-            rows = []
-            chunk = zip(ids[start:stop], args, self.item_options[start:stop], strict=True)
-            for i, a, options in chunk:
-                parts = parts_by_options.get(id(options))
-                if parts is None:
-                    parts = parts_by_options[id(options)] = self._row_parts(options, now)
-                rows.append(f"{i}{parts[0]}{a}{parts[1]}")
-            yield "".join(rows)
-
-    def enqueued(self, ids: Sequence[int], now: datetime) -> Iterator[EnqueuedJob]:
-        """The inserted jobs (after copy_chunks has run)."""
-        for index, (job_id, args) in enumerate(zip(ids, self.args, strict=True)):
-            options = self._options_of(index)
-            yield EnqueuedJob(
-                id=job_id, queue=options.queue, task=self.task.name, args=json.loads(args),
-                priority=options.priority, run_at=options.ready_at(now),
-                max_attempts=options.max_attempts, limit_key=options.limit_key,
-                expires_at=options.expires_at, meta=dict(options.meta),
-            )
-
-
-def _columns(all_options: Iterable[Options]) -> tuple[str, ...]:
-    run_at = limit_key = meta = expires_at = False
-    for options in all_options:
-        run_at = run_at or options.scheduled
-        limit_key = limit_key or options.limit_key is not None
-        meta = meta or bool(options.meta)
-        expires_at = expires_at or options.expires_at is not None
-    extra = [
-        name
-        for name, used in (
-            ("run_at", run_at), ("limit_key", limit_key), ("limited", limit_key),
-            ("meta", meta), ("expires_at", expires_at),
-        )
-        if used
-    ]
-    return (*_BASE_COLUMNS, *extra)
-
-
-def check_bulk(options: Options, items: object) -> None:
-    """What enqueue_many refuses before looking at any item."""
-    if options.unique_key is not None:
-        raise EnqueueError(
-            "unique_key cannot be used with enqueue_many (one duplicate would abort the "
-            "whole batch); enqueue such jobs one at a time",
-            field="unique_key",
-        )
-    if isinstance(items, Mapping | str | bytes):
-        raise EnqueueError(
-            "enqueue_many takes an iterable of items (mappings of arguments or akadze.Job), "
-            f"got a single {type(items).__name__}",
-            field="items",
-        )
-
-
-def build_batch(
-    task: TaskSpec, options: Options, items: Iterable[Mapping[str, Any] | Job]
-) -> Batch:
-    """Check every item (arguments validated in one pydantic call). Raises EnqueueError
-    naming the first bad item."""
-    check_bulk(options, items)
-    arg_dicts: list[Any] = []
-    item_options: list[Options] | None = None
-    for index, item in enumerate(items):
-        if type(item) is dict:
-            arg_dicts.append(item)
-            if item_options is not None:
-                item_options.append(options)
-        elif isinstance(item, Job):
-            if item_options is None:
-                item_options = [options] * index
-            item_options.append(
-                build_options(task, item.options, base=options, where=f"item {index}: "))
-            if not isinstance(item.args, Mapping):
-                raise EnqueueError(
-                    f"item {index}: Job.args must be a mapping of arguments, got "
-                    f"{type(item.args).__name__}",
-                    field="args",
-                )
-            arg_dicts.append(dict(item.args))
-        elif isinstance(item, Mapping):
-            arg_dicts.append(dict(item))
-            if item_options is not None:
-                item_options.append(options)
-        else:
-            raise EnqueueError(
-                f"item {index}: expected a mapping of arguments or akadze.Job, got "
-                f"{type(item).__name__}",
-                field="items",
-            )
-    validated = arguments.validate_many(task, arg_dicts)
-    columns = _columns([options] if item_options is None else [options, *item_options])
-    return Batch(task, options, arg_dicts, validated, item_options, columns)

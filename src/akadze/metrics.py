@@ -18,6 +18,7 @@ metric                                      type     labels
 ``akadze_limit_starts_in_window``           gauge    key (keys with a start-rate limit)
 ``akadze_limit_max_starts``                 gauge    key (starts allowed per window)
 ``akadze_limit_window_seconds``             gauge    key (the window of ``max_starts``)
+``akadze_job_progress``                     gauge    job_id, queue, task (running, reported)
 ``akadze_workers``                          gauge    alive ("true"/"false")
 ``akadze_worker_running_jobs``              gauge    worker, host
 ==========================================  =======  ======================================
@@ -108,6 +109,7 @@ def exposition(
     *,
     window: int = DEFAULT_WINDOW,
     limits: Sequence[LimitSummary] = (),
+    progress: Sequence[tuple[int, str, str, float]] = (),
 ) -> str:
     """The exposition text of already-read data (pure)."""
     out = _Writer()
@@ -153,6 +155,10 @@ def exposition(
                (({"key": r.key}, r.max_starts or 0) for r in rated))
     out.family("akadze_limit_window_seconds", "The window of a key's start-rate limit.",
                (({"key": r.key}, r.window.total_seconds() if r.window else 0) for r in rated))
+    out.family("akadze_job_progress",
+               "The progress a running job last reported (current().progress), 0 to 1.",
+               (({"job_id": str(job_id), "queue": queue, "task": task}, fraction)
+                for job_id, queue, task, fraction in progress))
     alive = sum(1 for w in workers if w.alive)
     out.family("akadze_workers", "Registered workers, by whether their lease holds.",
                [({"alive": "true"}, alive), ({"alive": "false"}, len(workers) - alive)])
@@ -177,7 +183,10 @@ def _render(now: datetime | None, window: int) -> Dialog[str]:
     keys = _keys((yield from dialog.rows(queries.get("metrics_running_by_key"), params)))
     workers = yield from read_workers(now)
     limits = yield from read_limits(now)
-    return exposition(snapshots, finished, keys, workers, window=window, limits=limits)
+    progress = [(int(r[0]), str(r[1]), str(r[2]), float(r[3]))
+                for r in (yield from dialog.rows(queries.get("metrics_progress")))]
+    return exposition(snapshots, finished, keys, workers, window=window, limits=limits,
+                      progress=progress)
 
 
 async def render(source: Session, *, now: datetime | None = None,

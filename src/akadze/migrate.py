@@ -142,6 +142,22 @@ def _pending() -> Dialog[list[Migration]]:
     return pending_after((yield from _applied()))
 
 
+def _applied_versions() -> Dialog[list[str]]:
+    exists = yield from dialog.one(queries.get("migrate_has_table"))
+    if not exists or not exists[0]:
+        return []
+    return [f"{version:04d}" for version in sorted((yield from _applied()))]
+
+
+def applied_versions(database_url: str | None = None) -> list[str]:
+    """The versions of the migrations applied to the database at ``database_url`` (the
+    app's URL; None: ``AKADZE_DATABASE_URL`` or the embedded server), as their
+    four-digit numbers (``"0001"``), in order: an empty list when the schema is absent.
+    Reads only: nothing is created."""
+    with database.connect(database.resolve_url(database_url)) as conn:
+        return dialog.run_sync(conn, _applied_versions())
+
+
 def migrate_connection(conn: psycopg.Connection[Any]) -> list[Migration]:
     """Apply pending migrations over an open autocommit connection; return those applied."""
     return dialog.run_sync(conn, _migrate())

@@ -76,6 +76,18 @@ class JobSummary:
     last_error: dict[str, Any] | None = None
     error_count: int = 0
     detailed: bool = True
+    #: The workflow around the job: the ids of its parents and children (at most
+    #: 1 000 of each, oldest first) and how many there are; how many parents a
+    #: waiting job still waits for.
+    parents: tuple[int, ...] = ()
+    children: tuple[int, ...] = ()
+    parent_count: int = 0
+    child_count: int = 0
+    waiting_for: int = 0
+    #: What the running task last reported with ``current().progress(...)``.
+    progress: float | None = None
+    progress_message: str | None = None
+    progress_at: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (datetimes as ISO 8601 strings); a listed job's without
@@ -88,6 +100,8 @@ class JobSummary:
                 out[key] = value.isoformat()
             elif isinstance(value, JobState):
                 out[key] = value.value
+            elif isinstance(value, tuple):
+                out[key] = list(value)
             else:
                 out[key] = value
         return out
@@ -202,6 +216,12 @@ def _job(row: Mapping[str, Any]) -> JobSummary:
         if detailed else row["last_error"],
         error_count=len(errors) if detailed else int(row["error_count"]),
         detailed=detailed,
+        parents=tuple(int(i) for i in row["parents"] or ()),
+        children=tuple(int(i) for i in row["children"] or ()),
+        parent_count=int(row["parent_count"]), child_count=int(row["child_count"]),
+        waiting_for=int(row["waiting_for"]),
+        progress=None if row["progress"] is None else float(row["progress"]),
+        progress_message=row["progress_message"], progress_at=row["progress_at"],
     )
 
 
@@ -310,6 +330,11 @@ def _list_jobs(
     name, params = _list_params(queue, state, task, meta, limit)
     rows = yield from dialog.rows(queries.get(name), params, row_factory=dict_row)
     return [_job(row) for row in rows]
+
+
+def get_job_dialog(job_id: object) -> Dialog[JobSummary]:
+    """get_job's dialog (also wait_for's last read)."""
+    return _get_job(job_id)
 
 
 def _get_job(job_id: object) -> Dialog[JobSummary]:

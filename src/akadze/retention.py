@@ -48,25 +48,21 @@ def _prune(app: Akadze, now: datetime, batch_size: int, max_batches: int | None
            ) -> Dialog[int]:
     """Both prunes, written once (akadze.dialog); every statement commits on its own."""
     params, fires_cutoff = _params(app, now, batch_size)
-    locked = yield from dialog.one(queries.get("retention_try_lock"))
-    if not locked or not locked[0]:
-        return 0
+    # Every batch commits on its own and takes the pruners' lock for itself
+    # (retention_prune_batch): a batch that finds another pruner at work deletes
+    # nothing, which ends this prune as an empty batch does.
     deleted = 0
-    try:
-        batches = 0
-        while max_batches is None or batches < max_batches:
-            count = yield from dialog.rowcount(queries.get("retention_prune_batch"), params)
-            deleted += count
-            batches += 1
-            if count < batch_size:
-                break
-        fires = {"cutoff": fires_cutoff, "batch": batch_size}
-        while (yield from dialog.rowcount(queries.get("retention_prune_fires"), fires)
-               ) >= batch_size:
-            pass
-    finally:
-        if (yield from dialog.usable()):  # a broken connection has lost the lock anyway
-            yield from dialog.execute(queries.get("retention_unlock"))
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        count = yield from dialog.rowcount(queries.get("retention_prune_batch"), params)
+        deleted += count
+        batches += 1
+        if count < batch_size:
+            break
+    fires = {"cutoff": fires_cutoff, "batch": batch_size}
+    while (yield from dialog.rowcount(queries.get("retention_prune_fires"), fires)
+           ) >= batch_size:
+        pass
     return deleted
 
 

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar, Unpack
 
 from . import arguments
+from .backoff import BackoffPolicy
 from .enqueue import EnqueueApp, Enqueuer
 from .errors import ConfigurationError, EnqueueError
 from .jobspec import (
@@ -29,7 +30,6 @@ from .sessions import Session, SyncSession
 
 R = TypeVar("R")
 TaskFunction = Callable[..., Any]
-BackoffFunction = Callable[[int], timedelta]
 
 
 class Task(Generic[R]):
@@ -46,7 +46,7 @@ class Task(Generic[R]):
         max_attempts: int = 3,
         timeout: float | timedelta | None = None,
         priority: int = 0,
-        backoff: BackoffFunction | None = None,
+        backoff: BackoffPolicy | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(f"task {name!r}: {fn!r} is not callable")

@@ -65,19 +65,21 @@ def build_load(conn: Conn, jobs: int) -> None:
 
 
 def load_claimer(url: str, number: int, fair: bool, seconds: float, hold: float,
-                 events: tuple[Any, Any], ready: Any, out: Any) -> None:
-    """One claimer process: claim up to 20, hold them, complete; until stopped."""
+                 events: tuple[Any, Any], ready: Any, out: Any, pooled: bool = False) -> None:
+    """One claimer process: claim up to 20, hold them, complete; until stopped.
+    ``pooled``: ``url`` is a pooler's in transaction mode (no prepared statements)."""
     go, stop = events
     claimed = completed = 0
     errors: list[str] = []
-    conn: Conn | None = psycopg.connect(url, autocommit=True)
+    extra: dict[str, Any] = {"prepare_threshold": None} if pooled else {}
+    conn: Conn | None = psycopg.connect(url, autocommit=True, **extra)
     ready.put(number)
     go.wait()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not stop.is_set():
         try:
             if conn is None or conn.closed:
-                conn = psycopg.connect(url, autocommit=True)
+                conn = psycopg.connect(url, autocommit=True, **extra)
             got = claim(conn, queue=LOAD_QUEUE, slots=SLOTS, fair=fair,
                         worker_id=f"load-{number}")
             if not got:
@@ -112,8 +114,10 @@ def _get(channel: Any, what: str) -> Any:
 
 
 def run_load(url: str, order: str, *, jobs: int, claimers: int, seconds: float,
-             hold: float = 0.010) -> LoadResult:
-    """Run the load test in the (scratch) database at ``url``; it is emptied first."""
+             hold: float = 0.010, claimers_url: str | None = None) -> LoadResult:
+    """Run the load test in the (scratch) database at ``url``; it is emptied first.
+    ``claimers_url``: the claimers' way to it, a pooler in transaction mode (the
+    sampler and the checks stay on ``url``)."""
     result = LoadResult(order, jobs, claimers, seconds)
     with connect(url) as conn:
         build_load(conn, jobs)
@@ -121,7 +125,8 @@ def run_load(url: str, order: str, *, jobs: int, claimers: int, seconds: float,
     ctx = multiprocessing.get_context("spawn")
     go, stop, ready, out = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=load_claimer, daemon=True,
-                         args=(url, i, order == "fair", seconds, hold, (go, stop), ready, out))
+                         args=(claimers_url or url, i, order == "fair", seconds, hold,
+                               (go, stop), ready, out, claimers_url is not None))
              for i in range(claimers)]
     try:
         with connect(url) as sampler:

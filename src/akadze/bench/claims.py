@@ -13,6 +13,7 @@ unless ``--in-place`` names a database it may empty.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -42,6 +43,7 @@ from .claim_scenarios import (
     measure,
     stale_tables,
 )
+from .pgbouncer import PgBouncer
 
 Conn = psycopg.Connection[Any]
 
@@ -324,11 +326,15 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) ->
               help="Also time every cell on tables analyzed while empty, then filled "
               "with no ANALYZE (a burst into a quiet queue), beside the same tables "
               "analyzed; each scenario gets a scratch database of its own.")
+@click.option("--pgbouncer", is_flag=True,
+              help="The load test's claimers go through a PgBouncer in transaction mode "
+              "(no prepared statements), started by the bench on a private port.")
 @database_url_option
 def command(sizes: tuple[int, ...], repeat: int, names: tuple[str, ...], oracle_budget: float,
             skip_load: bool, load_jobs: int,
             load_seconds: float, claimers: int, report: Path | None, durable: bool,
-            in_place: bool, stale_stats: bool, database_url: str | None) -> None:
+            in_place: bool, stale_stats: bool, pgbouncer: bool,
+            database_url: str | None) -> None:
     """Time the windowed claim against the full ranking, and run the load test."""
     if stale_stats and in_place:
         raise click.UsageError(
@@ -366,9 +372,15 @@ def command(sizes: tuple[int, ...], repeat: int, names: tuple[str, ...], oracle_
             _print(STALE_SHORT, stale_rows(pairs, titles=False),
                    f"claim, {SLOTS} slots, median ms, fresh and stale statistics")
         if not skip_load:
-            for order in ("default", "fair"):
-                loads.append(run_load(scratch, order, jobs=load_jobs, claimers=claimers,
-                                      seconds=load_seconds))
+            with contextlib.ExitStack() as stack:
+                claimers_url = None
+                if pgbouncer:
+                    bouncer = stack.enter_context(PgBouncer(url))
+                    claimers_url = bouncer.url(scratch)
+                    host["load through"] = "PgBouncer, transaction mode"
+                for order in ("default", "fair"):
+                    loads.append(run_load(scratch, order, jobs=load_jobs, claimers=claimers,
+                                          seconds=load_seconds, claimers_url=claimers_url))
             _print(LOAD_COLUMNS, load_rows(loads), "load test")
             for r in loads:
                 for error in sorted(set(r.errors))[:5]:

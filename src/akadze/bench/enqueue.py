@@ -32,10 +32,10 @@ import pydantic_core
 from .. import queries
 from ..app import Akadze
 from ..arguments import list_adapter as _list_adapter
+from ..batches import build_batch
 from ..cli.options import database_url_option, print_table, resolve
 from ..database import connect, describe
 from ..enqueue import _copy_statement
-from ..jobspec import build_batch
 from ..tasks import Task
 from .claims import host_details, scratch_database
 
@@ -82,7 +82,7 @@ def _items(jobs: int) -> list[dict[str, Any]]:
 
 
 def _empty(conn: Conn) -> None:
-    conn.execute("TRUNCATE akadze.jobs")
+    conn.execute("TRUNCATE akadze.jobs, akadze.job_dependencies")  # edges reference jobs
     conn.commit()
 
 

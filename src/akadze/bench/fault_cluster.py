@@ -52,6 +52,7 @@ class Cluster:
     poll_interval: float = 0.25
     fair_every: int = 2  # every second worker claims in fair order
     urls: dict[int, str] = field(default_factory=dict)
+    worker_args: tuple[str, ...] = ()  # more `akadze worker` options for every worker
     procs: dict[int, WorkerProc] = field(default_factory=dict)
     retired: list[WorkerProc] = field(default_factory=list)
     started: int = 0
@@ -72,6 +73,7 @@ class Cluster:
                "--worker-id", worker_id, "--log-level", "warning", "--database-url", url]
         if fair:
             cmd.append("--fair")
+        cmd += self.worker_args
         env = dict(os.environ, AKADZE_DATABASE_URL=url, PYTHONUNBUFFERED="1")
         with log.open("wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,

@@ -268,6 +268,9 @@ def log_counts(text: str) -> Counter[str]:
     found: Counter[str] = Counter()
     for line in text.splitlines():
         for name, mark in marks.items():
-            if mark in line and (name != "outcome discarded" or "discarded" in line):
+            if mark in line and (name != "outcome discarded" or "discarded" in line) \
+                    and (name != "crashed" or "server conn crashed" not in line):
+                # (PgBouncer's own "server conn crashed?", relayed in a psycopg warning
+                # after a terminated server connection, is not a worker loop crashing.)
                 found[name] += 1
     return found

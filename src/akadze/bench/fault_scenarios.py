@@ -44,6 +44,10 @@ class Options:
     recovery_timeout: float = 120.0
     fault_seconds: float = 8.0  # how long the timed faults last (terminate, timeouts)
     logdir: Path = Path("/tmp")
+    # The workers' URL instead of the scratch database's own (a conninfo in, one out):
+    # the same database through PgBouncer, say; with worker_args for `akadze worker`.
+    worker_url: Callable[[str], str] | None = None
+    worker_args: tuple[str, ...] = ()
 
 
 @dataclass
@@ -375,9 +379,11 @@ def run_scenario(scenario: Scenario, options: Options, server: PrivateServer | s
             prepare(conn)
             expected = enqueue_workload(conn, workload, rng)
         monitor = Monitor(url).start()
-        cluster = Cluster(url, logdir, workers=options.workers, slots=options.slots,
-                          lease=options.lease,
-                          urls=scenario.urls(url, options.workers) if scenario.urls else {})
+        workers_url = options.worker_url(url) if options.worker_url else url
+        cluster = Cluster(workers_url, logdir, workers=options.workers, slots=options.slots,
+                          lease=options.lease, worker_args=options.worker_args,
+                          urls=scenario.urls(workers_url, options.workers)
+                          if scenario.urls else {})
         ctx = Context(scenario.name, options, rng, url, private, cluster, monitor,
                       expected=expected)
         began = time.monotonic()

@@ -10,9 +10,12 @@ never exceeded, complete_tx effects exactly once, no stale finish.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ import psycopg
 
 from .fault_scenarios import SCENARIO_NAMES, SCENARIOS, Options, ScenarioResult, run_scenario
 from .fault_server import private_server
+from .pgbouncer import PgBouncer, find_pgbouncer
 
 COLUMNS = ("scenario", "jobs", "faults", "succeeded", "failed", "retried", "rescued",
            "given back", "lost", "reruns beyond a/l/o", "max running / limit",
@@ -69,8 +73,10 @@ def report_text(host: dict[str, str], options: Options, results: Sequence[Scenar
         "",
         f"Seed {options.seed}; {options.workers} worker processes (`akadze worker`, "
         f"{options.slots} slots, lease {options.lease:g} s, every second one in fair order), "
-        "no supervisor; a private PostgreSQL 16 server (akadze's embedded launcher). "
-        f"Total run time {elapsed:.0f} s.",
+        "no supervisor; a private PostgreSQL 16 server (akadze's embedded launcher)"
+        + (", the workers through a PgBouncer in transaction mode "
+           "(`--transaction-pooling`, polling)" if options.worker_args else "")
+        + f". Total run time {elapsed:.0f} s.",
         "",
         "Columns: *retried* = attempts spent beyond the first (injected failures, "
         "rescues, errors); *rescued* = runs taken back after a lease expired; *given "
@@ -123,21 +129,37 @@ def report_text(host: dict[str, str], options: Options, results: Sequence[Scenar
     return "\n".join(parts) + "\n"
 
 
-def run_all(names: Sequence[str], options: Options,
-            say: Any = None) -> tuple[dict[str, str], list[ScenarioResult], float]:
+def run_all(names: Sequence[str], options: Options, say: Any = None, *,
+            pgbouncer: bool = False) -> tuple[dict[str, str], list[ScenarioResult], float]:
     chosen = [s for s in SCENARIOS if not names or s.name in names]
     results = []
     began = time.monotonic()
     echo = say or (lambda m: click.echo(m, err=True))
     from .claims import host_details  # imports the CLI, which imports this module
 
-    with private_server() as server:
+    with private_server() as server, contextlib.ExitStack() as stack:
         with psycopg.connect(server.admin_url(), autocommit=True) as conn:
             host = host_details(conn)
+        if pgbouncer:
+            # The workers go through a PgBouncer of the bench's own in transaction
+            # mode; the monitor, the audit and the faults talk to the server directly.
+            bouncer = stack.enter_context(PgBouncer(server.admin_url(), pool_size=40))
+            options = replace(options, worker_url=bouncer.url,
+                              worker_args=("--transaction-pooling",))
+            host["PgBouncer"] = f"{_version()}, transaction mode"
         for scenario in chosen:
             echo(f"scenario {scenario.name} (seed {options.seed}) ...")
             results.append(run_scenario(scenario, options, server, say=echo))
     return host, results, time.monotonic() - began
+
+
+def _version() -> str:
+    binary = find_pgbouncer()
+    if binary is None:
+        return "?"
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    first = out.stdout.strip().splitlines()[:1]
+    return first[0] if first else "?"
 
 
 @click.command("faults")
@@ -152,8 +174,11 @@ def run_all(names: Sequence[str], options: Options,
               help="Write a Markdown report here.")
 @click.option("--logs", type=click.Path(file_okay=False, path_type=Path),
               help="Keep the worker logs here (default: a temporary directory).")
+@click.option("--pgbouncer", is_flag=True,
+              help="Run the workers through a PgBouncer in transaction mode "
+              "(--transaction-pooling), started by the bench on a private port.")
 def command(names: tuple[str, ...], seed: int, jobs: int, workers: int, slots: int,
-            lease: float, report: Path | None, logs: Path | None) -> None:
+            lease: float, report: Path | None, logs: Path | None, pgbouncer: bool) -> None:
     """Run the fault scenarios on a private PostgreSQL server and audit every promise."""
     from ..cli.options import print_table  # the CLI imports this module
 
@@ -162,7 +187,9 @@ def command(names: tuple[str, ...], seed: int, jobs: int, workers: int, slots: i
         logdir.mkdir(parents=True, exist_ok=True)
         options = Options(jobs=jobs, workers=workers, slots=slots, seed=seed, lease=lease,
                           logdir=logdir)
-        host, results, elapsed = run_all(names, options)
+        if pgbouncer and find_pgbouncer() is None:
+            raise click.UsageError("--pgbouncer: pgbouncer is not installed")
+        host, results, elapsed = run_all(names, options, pgbouncer=pgbouncer)
     print_table("fault scenarios", COLUMNS, summary_rows(results))
     if report is not None:
         report.write_text(report_text(host, options, results, elapsed), encoding="utf-8")

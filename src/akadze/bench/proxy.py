@@ -327,7 +327,8 @@ class Proxy:
         return process_cpu_seconds(self.pid)
 
     def url(self, url: str) -> str:
-        """``url`` with its host and port replaced by this proxy's."""
+        """``url`` (a ``postgresql://`` URL or a ``key=value`` conninfo) with its host
+        and port replaced by this proxy's."""
         if not self.port:
             raise ProxyError("the proxy is not running")
         return proxied_url(url, self.port)
@@ -356,8 +357,14 @@ class Proxy:
 
 
 def proxied_url(url: str, port: int, host: str = "127.0.0.1") -> str:
-    """``url`` (``postgresql://``) pointed at ``host:port``, user, password and
-    database kept."""
+    """``url`` (a ``postgresql://`` URL or a ``key=value`` conninfo) pointed at
+    ``host:port``, user, password, database and options kept."""
+    if "://" not in url:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo  # not in the relay
+
+        params = {k: v for k, v in conninfo_to_dict(url).items() if k != "hostaddr"}
+        params.update(host=host, port=str(port))
+        return make_conninfo("", **params)
     parts = urlsplit(url)
     userinfo = parts.netloc.rpartition("@")[0]
     netloc = f"{userinfo}@{host}:{port}" if userinfo else f"{host}:{port}"

@@ -188,7 +188,7 @@ async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
 
 def _request(
     queue: str, slots: int, fair: bool, worker_id: str | None,
-    tasks: Collection[str] | None, now: datetime | None,
+    tasks: Collection[str] | None, now: datetime | None, durable: bool | None = None,
 ) -> Request:
     if not isinstance(queue, str) or not queue:
         raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
@@ -198,8 +198,11 @@ def _request(
         raise ConfigurationError("tasks must be a collection of task names, not one string")
     if now is not None and now.tzinfo is None:
         raise ConfigurationError("now must be a timezone-aware datetime")
+    if durable is not None and not isinstance(durable, bool):
+        raise ConfigurationError(f"durable must be True, False or None, got {durable!r}")
     names = sorted(set(tasks)) if tasks is not None else None
-    return Request(queue, slots, bool(fair), worker_id, names, now)
+    synchronous_commit = None if durable is None else "on" if durable else "off"
+    return Request(queue, slots, bool(fair), worker_id, names, now, synchronous_commit)
 
 
 def _dispatch(
@@ -227,7 +230,7 @@ async def _nothing() -> list[ClaimedJob]:
 def claim(
     conn: psycopg.AsyncConnection[Any], *, queue: str, slots: int, fair: bool = False,
     worker_id: str | None = None, tasks: Collection[str] | None = None,
-    app: Akadze | None = None, now: datetime | None = None,
+    app: Akadze | None = None, now: datetime | None = None, durable: bool | None = None,
 ) -> Awaitable[list[ClaimedJob]]: ...
 
 
@@ -235,14 +238,14 @@ def claim(
 def claim(
     conn: psycopg.Connection[Any], *, queue: str, slots: int, fair: bool = False,
     worker_id: str | None = None, tasks: Collection[str] | None = None,
-    app: Akadze | None = None, now: datetime | None = None,
+    app: Akadze | None = None, now: datetime | None = None, durable: bool | None = None,
 ) -> list[ClaimedJob]: ...
 
 
 def claim(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], *, queue: str, slots: int,
     fair: bool = False, worker_id: str | None = None, tasks: Collection[str] | None = None,
-    app: Akadze | None = None, now: datetime | None = None,
+    app: Akadze | None = None, now: datetime | None = None, durable: bool | None = None,
 ) -> list[ClaimedJob] | Awaitable[list[ClaimedJob]]:
     """Claim up to ``slots`` ready jobs of ``queue`` for ``worker_id``.
 
@@ -251,7 +254,10 @@ def claim(
     ``fair``: within a priority, slots go to the ``limit_key`` group with the
     fewest running jobs in the queue. ``tasks``: claim only these task names.
     ``app``: its transition hooks run in the claim transaction. ``now``: the
-    database time to use (tests); by default the database clock.
+    database time to use (tests); by default the database clock. ``durable``:
+    whether the claim's commit waits for the WAL flush (``synchronous_commit`` set
+    for its transaction only, so it works through a pooler in transaction mode);
+    None keeps the session's setting.
     Returns the claimed jobs in claim order.
 
     Reuse the connection for the next claims: the claim's statements are
@@ -259,7 +265,7 @@ def claim(
     (keys at their limit, how much it read, the queue's groups): hints for the
     next claim, checked before they are used, never a change to its result.
     """
-    request = _request(queue, slots, fair, worker_id, tasks, now)
+    request = _request(queue, slots, fair, worker_id, tasks, now, durable)
     # What this connection's last claim of the queue learnt about its shape
     # (akadze.claim._hints): hints that spare finding it out again.
     request = replace(

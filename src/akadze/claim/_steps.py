@@ -76,6 +76,10 @@ class Request:
     worker_id: str | None
     tasks: list[str] | None
     now: datetime | None
+    # synchronous_commit for the claim's own transaction ("off", "on"), or None to
+    # keep the session's: set in claim_start with set_config(..., true), never as a
+    # startup option (a pooler in transaction mode refuses those).
+    synchronous_commit: str | None = None
     # Whether transition hooks run in the claim's transaction after it.
     hooks: bool = True
     # What the previous claim of this queue on this connection learnt (hints,

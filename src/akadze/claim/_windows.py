@@ -69,7 +69,8 @@ def _opening(request: Request) -> tuple[Statement, Statement]:
     """The claim's first two statements, at the head of its first round trip:
     claim_start (the queue's turn and the plan settings) and claim_sweep (due
     cancel-requested and expired rows become 'cancelled')."""
-    return (prepared("claim_start", {"queue": request.queue}),
+    return (prepared("claim_start", {"queue": request.queue,
+                                     "synchronous_commit": request.synchronous_commit}),
             prepared("claim_sweep", request.params(), rows=job_rows))
 
 

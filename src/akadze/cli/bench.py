@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..bench import claims, enqueue, faults, limits_busy, soak, throughput
+from ..bench import claims, cluster, enqueue, faults, limits_busy, soak, throughput
 from ..bench.dashboard import command as dashboard_command
 
 
@@ -15,6 +15,7 @@ def command() -> None:
 
 command.add_command(enqueue.command)
 command.add_command(claims.command)
+command.add_command(cluster.command)
 command.add_command(throughput.command)
 command.add_command(faults.command)
 command.add_command(soak.command)

@@ -129,6 +129,12 @@ def list_command(queue: str | None, states: tuple[str, ...], task: str | None,
     )
 
 
+def _ids(ids: tuple[int, ...], count: int) -> str:
+    shown = ", ".join(str(i) for i in ids[:20])
+    return shown + (f" and {count - min(len(ids), 20)} more" if count > min(len(ids), 20)
+                    else "")
+
+
 def _show(job: JobSummary) -> None:
     def line(label: str, value: Any) -> None:
         echo(f"  {label:<12}{value}")  # every line through echo: stored text made safe
@@ -148,6 +154,17 @@ def _show(job: JobSummary) -> None:
         line("worker", job.worker_id)
     if job.expires_at:
         line("expires", when(job.expires_at))
+    if job.progress is not None:
+        shown = f"{job.progress:.0%}" + (f" {job.progress_message}" if job.progress_message
+                                         else "")
+        line("progress", shown + f" (at {when(job.progress_at)})")
+    if job.parent_count or job.child_count:
+        echo("workflow")
+    if job.parent_count:
+        line("parents", _ids(job.parents, job.parent_count)
+             + (f" (waiting for {job.waiting_for})" if job.state == JobState.WAITING else ""))
+    if job.child_count:
+        line("children", _ids(job.children, job.child_count))
     echo("timings")
     line("created", when(job.created_at))
     line("run at", when(job.run_at))

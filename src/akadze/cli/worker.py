@@ -29,7 +29,15 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
               help="Jobs run at once, per queue.")
 @click.option("--fair", is_flag=True, help="Fair claim order across limit_key groups.")
 @click.option("--no-listen", "no_listen", is_flag=True,
-              help="Poll only, no LISTEN/NOTIFY (PgBouncer in transaction pooling mode).")
+              help="Poll only, no LISTEN/NOTIFY.")
+@click.option("--transaction-pooling", is_flag=True,
+              help="The database URL is a pooler's in transaction mode (PgBouncer): no "
+              "server-side prepared statements; LISTEN only on --listen-url, else poll.")
+@click.option("--listen-url", default=None, metavar="URL",
+              help="A direct URL of the same database for LISTEN (default: the database URL).")
+@click.option("--connections", type=click.IntRange(min=1), default=None,
+              help="The most server connections this worker opens [default: 3, plus 1 per "
+              "10 slots over all its queues].")
 @click.option("--poll-interval", type=click.FloatRange(min=0.001), default=1.0,
               show_default=True, help="Seconds between polls (jittered).")
 @click.option("--lease", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
@@ -42,6 +50,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 @database_url_option
 def command(
     app_reference: str, queues: tuple[str, ...], slots: int, fair: bool, no_listen: bool,
+    transaction_pooling: bool, listen_url: str | None, connections: int | None,
     poll_interval: float, lease: float, shutdown_timeout: float, worker_id: str | None,
     log_level: str, database_url: str | None,
 ) -> None:
@@ -55,10 +64,12 @@ def command(
     app = load_app(app_reference)
     url = resolve(database_url) if database_url else None
     check_database(url or app.database_url)
+    listen = resolve(listen_url) if listen_url else None
     worker = Worker(
         app, queues=list(queues) or None, slots=slots, fair=fair, listen=not no_listen,
         poll_interval=poll_interval, lease=lease, shutdown_timeout=shutdown_timeout,
-        worker_id=worker_id, database_url=url,
+        worker_id=worker_id, database_url=url, connections=connections,
+        listen_url=listen, transaction_pooling=transaction_pooling,
     )
     log_to_stderr(log_level.upper(), LOG_FORMAT)
     # The pool's own warnings repeat at every reconnect attempt, over two lines; the

@@ -382,16 +382,41 @@ async def failed_ids(conn: Conn, where: JobFilter, limit: int) -> list[int]:
 
 @dataclass(frozen=True)
 class JobPage:
-    """A job with everything the job page shows. Parents, children and progress (issue
-    18) will be fields of their own here and sections of their own in job.html."""
+    """A job with everything the job page shows: its fields, its workflow (parents and
+    children, each with its task and state) and its progress."""
 
     now: datetime
     job: JobSummary
     actions: tuple[str, ...]  # the actions that apply to the job in its state
+    parents: tuple[JobLink, ...] = ()
+    children: tuple[JobLink, ...] = ()
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        job = self.job
+        if job.progress is None:
+            return None
+        return {"fraction": job.progress, "message": job.progress_message,
+                "at": None if job.progress_at is None else job.progress_at.isoformat()}
 
     def to_dict(self) -> dict[str, Any]:
         return {"now": self.now.isoformat(), "job": self.job.to_dict(),
-                "actions": list(self.actions)}
+                "actions": list(self.actions),
+                "parents": [link.to_dict() for link in self.parents],
+                "children": [link.to_dict() for link in self.children],
+                "progress": self.progress}
+
+
+@dataclass(frozen=True)
+class JobLink:
+    """A parent or child of the job page's job."""
+
+    id: int
+    task: str
+    state: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "task": self.task, "state": self.state}
 
 
 def job_actions(job: JobSummary, now: datetime) -> tuple[str, ...]:
@@ -401,14 +426,21 @@ def job_actions(job: JobSummary, now: datetime) -> tuple[str, ...]:
         found.append("requeue")
     if state == "queued" and job.run_at > now:
         found.append("retry")
-    if state in ("queued", "running") and not job.cancel_requested:
+    if state in ("waiting", "queued", "running") and not job.cancel_requested:
         found.append("cancel")
     return tuple(found)
 
 
 async def job(conn: Conn, now: datetime, job_id: int) -> JobPage:
     found = await get_job(conn, job_id)
-    return JobPage(now, found, job_actions(found, now))
+    family: dict[int, JobLink] = {}
+    if found.parents or found.children:
+        rows = await _rows(conn, "dashboard_job_family",
+                           {"ids": [*found.parents, *found.children]})
+        family = {int(r[0]): JobLink(int(r[0]), str(r[1]), str(r[2])) for r in rows}
+    return JobPage(now, found, job_actions(found, now),
+                   parents=tuple(family[i] for i in found.parents if i in family),
+                   children=tuple(family[i] for i in found.children if i in family))
 
 
 # -- schedules ---------------------------------------------------------------------------

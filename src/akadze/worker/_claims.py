@@ -160,7 +160,7 @@ class ClaimLoop:
             jobs: list[ClaimedJob] = await claim(
                 conn, queue=self.queue, slots=free, fair=settings.fair,
                 worker_id=settings.worker_id, tasks=settings.task_names, app=settings.app,
-                now=settings.sql_now(),
+                now=settings.sql_now(), durable=self._connections.durable_claims,
             )
             blocked = memory.get(conn, self.queue).blocked if len(jobs) < free else ()
         return jobs, blocked

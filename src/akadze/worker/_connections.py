@@ -1,15 +1,22 @@
-"""The worker's database connections, owned in one place.
+"""The worker's database connections, owned in one place, within one budget.
 
-- the general pool: outcome writes, heartbeats, maintenance, cancellation polls,
-  reconciling a lost claim reply, ``complete_tx`` in async tasks;
-- the claim pool: one connection per queue (plus one), whose commits do not wait
-  for the WAL flush unless ``durable_claims`` is set;
-- the sync pool, opened on first use: ``complete_tx`` in plain (thread) tasks;
-- the LISTEN connection of the listener, dedicated and opened by it through
-  :meth:`Connections.listen_connection`.
+A worker process opens at most ``Settings.connections`` server connections (default
+3, plus 1 per 10 slots over all its queues), split by :func:`split_budget`:
 
-No connection is held while a task runs. How many connections a worker may use,
-and how they are shared, is decided here and nowhere else.
+- the LISTEN connection of the listener (when listening), dedicated, opened by it
+  through :meth:`Connections.listen_connection`, on ``listen_url`` when one is given;
+- the claim pool: claims only (one claim at a time per connection; a queue's claims
+  take turns on the server anyway), at most one per queue;
+- the sync pool, opened on first use, only for a worker with plain (thread) tasks:
+  ``complete_tx`` in those tasks;
+- the general pool, the rest: outcome writes, heartbeats, maintenance, cancellation
+  polls, reconciling a lost claim reply, ``complete_tx`` in async tasks.
+
+Pools keep one connection open when idle and grow to their share on demand. No
+connection is held while a task runs. Nothing here relies on the session outliving a
+transaction, so any pool may go through a pooler in transaction mode: no startup
+options (a claim sets ``synchronous_commit`` for its own transaction), and with
+``transaction_pooling`` no server-side prepared statements (``prepare_threshold=None``).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -30,11 +38,41 @@ APPLICATION_NAME = "akadze-worker"
 LISTEN_APPLICATION_NAME = "akadze-worker-listen"
 
 
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How a worker's connections are shared out; ``total`` is the sum."""
+
+    listen: int
+    claims: int
+    general: int
+    sync: int
+
+    @property
+    def total(self) -> int:
+        return self.listen + self.claims + self.general + self.sync
+
+
+def split_budget(connections: int, queues: int, listen: bool, plain: bool) -> Budget:
+    """Share ``connections`` out: LISTEN 1 (when listening); claims a third of the
+    rest, at least 1 and at most one per queue; the sync pool (plain tasks only) a
+    third of what is left, at least 1; the general pool the remainder, at least 2.
+    ``connections`` is at least the minimum (settings checked it)."""
+    rest = connections - int(listen)
+    claims = max(1, min(queues, rest // 3))
+    sync = max(1, (rest - claims) // 3) if plain else 0
+    general = rest - claims - sync
+    if general < 2:
+        raise WorkerError(f"{connections} connections are too few for this worker")
+    return Budget(int(listen), claims, general, sync)
+
+
 class Connections:
     """Opens, lends and closes the connections of one worker."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        self.budget = split_budget(settings.connections, len(settings.queues),
+                                   settings.listen, settings.any_plain_task)
         self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
         self._claim_pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
         self._sync_pool: psycopg_pool.ConnectionPool[Any] | None = None
@@ -44,34 +82,31 @@ class Connections:
     def url(self) -> str:
         return self._settings.url
 
+    def _kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"autocommit": True, "application_name": APPLICATION_NAME}
+        if self._settings.transaction_pooling:
+            # Each statement may land on another server connection: a statement
+            # prepared on one is unknown on the next (PgBouncer < 1.21).
+            kwargs["prepare_threshold"] = None
+        return kwargs
+
     async def open(self) -> None:
         """Create the pools; their connections are made in the background (a
         database that is not there yet shows up as failing borrowers, not here)."""
-        settings = self._settings
+        settings, budget = self._settings, self.budget
         timeout = max(0.2, min(5.0, settings.lease / 3))
         self._pool = psycopg_pool.AsyncConnectionPool(
-            settings.url, min_size=1, max_size=settings.pool_size, open=False,
+            settings.url, min_size=1, max_size=budget.general, open=False,
             timeout=timeout, check=psycopg_pool.AsyncConnectionPool.check_connection,
-            kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
-            name="akadze-worker",
+            kwargs=self._kwargs(), name="akadze-worker",
         )
         await self._pool.open(wait=False)
-        # Unless durable_claims is set, claim commits do not wait for the WAL flush
-        # (synchronous_commit off, these connections only): a claim is on disk with
-        # the next durable commit (the job's outcome, at the latest), and a server
-        # crash can only undo a claim whose outcome was not durable yet, so the job
-        # runs again, as after any crash during a run. Delivery stays at least once;
-        # pick-up does not wait for fsync.
-        claim_kwargs: dict[str, Any] = {"autocommit": True,
-                                        "application_name": APPLICATION_NAME}
-        if not settings.durable_claims:
-            claim_kwargs["options"] = "-c synchronous_commit=off"
         self._claim_pool = psycopg_pool.AsyncConnectionPool(
-            settings.url, min_size=1, max_size=len(settings.queues) + 1, open=False,
+            settings.url, min_size=1, max_size=budget.claims, open=False,
             timeout=timeout,
             # No check on checkout (a round trip per claim): a broken connection fails
             # one claim, which is retried at once and then reconciled.
-            kwargs=claim_kwargs, name="akadze-worker-claims",
+            kwargs=self._kwargs(), name="akadze-worker-claims",
         )
         await self._claim_pool.open(wait=False)
 
@@ -98,21 +133,31 @@ class Connections:
         async with self._claim_pool.connection() as conn:
             yield conn
 
+    @property
+    def durable_claims(self) -> bool | None:
+        """What the claim loops pass to ``claim(durable=...)``: by default a claim's
+        commit does not wait for the WAL flush (``False``); with ``durable_claims``
+        the session's setting stands (``None``)."""
+        return None if self._settings.durable_claims else False
+
     @contextmanager
     def sync_connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A connection for a plain task's thread (the sync pool, opened on first use)."""
         with self._sync_pool_lock:
             if self._sync_pool is None:
                 self._sync_pool = psycopg_pool.ConnectionPool(
-                    self._settings.url, min_size=0, max_size=4, open=True, timeout=30,
-                    kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
-                    name="akadze-worker-sync",
+                    self._settings.url, min_size=0, max_size=max(1, self.budget.sync),
+                    open=True, timeout=30, kwargs=self._kwargs(), name="akadze-worker-sync",
                 )
             pool = self._sync_pool
         with pool.connection() as conn:
             yield conn
 
     async def listen_connection(self) -> psycopg.AsyncConnection[Any]:
-        """A new connection of its own for LISTEN (the caller closes it)."""
+        """A new connection of its own for LISTEN (the caller closes it): on
+        ``listen_url`` when given (LISTEN needs a session, which a pooler in
+        transaction mode does not keep), else on the worker's URL."""
+        settings = self._settings
         return await psycopg.AsyncConnection.connect(
-            self._settings.url, autocommit=True, application_name=LISTEN_APPLICATION_NAME)
+            settings.listen_url or settings.url, autocommit=True,
+            application_name=LISTEN_APPLICATION_NAME)

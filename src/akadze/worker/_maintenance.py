@@ -1,7 +1,8 @@
 """Cluster maintenance run from inside the workers, one runner at a time.
 
 Every worker ticks periodically; whoever gets the maintenance advisory lock (taken
-without waiting, so nobody queues up behind it) does the round:
+without waiting, so nobody queues up behind it, and scoped to the rescue's
+transaction, so that it works through a pooler in transaction mode) does the round:
 
 - rescue: delete workers whose lease expired and take back their running jobs;
 - schedules: enqueue the due fires of periodic schedules (``akadze.schedules``);
@@ -47,12 +48,18 @@ async def rescue_expired(
     *,
     now: datetime | None = None,
     orphan_grace: float = 30.0,
-) -> list[tuple[int, str]]:
+    turn: bool = False,
+) -> list[tuple[int, str]] | None:
     """Requeue (or fail, on their last attempt) the running jobs of workers whose
     lease expired; return ``(job id, new state)`` pairs. Runs its own transaction;
-    on_transition hooks run in it."""
+    on_transition hooks run in it. ``turn``: first take the maintenance lock for
+    that transaction, and return None at once when another process has it."""
     params = {"now": now, "orphan_grace": orphan_grace}
     async with conn.transaction():
+        if turn:
+            locked = await (await conn.execute(queries.get("maintenance_try_lock"))).fetchone()
+            if not locked or not locked[0]:
+                return None
         cur = await conn.cursor(row_factory=job_state_rows).execute(
             queries.get("rescue_expired"), params)
         rows = await cur.fetchall()
@@ -81,22 +88,17 @@ async def run_round(
     prune: bool = False,
 ) -> Round | None:
     """One maintenance round if this process gets the lock (else None). ``conn`` is
-    an autocommit connection outside any transaction; the lock is released before
-    returning, or with the connection if it breaks."""
-    cur = await conn.execute(queries.get("maintenance_try_lock"))
-    row = await cur.fetchone()
-    if not row or not row[0]:
+    an autocommit connection outside any transaction. The lock is held by the
+    rescue's transaction only: nothing outlives a transaction on the connection."""
+    rescued = await rescue_expired(conn, app, now=sql_now, orphan_grace=orphan_grace,
+                                   turn=True)
+    if rescued is None:
         return None
-    try:
-        done = Round()
-        done.rescued = await rescue_expired(conn, app, now=sql_now, orphan_grace=orphan_grace)
-        done.scheduled = list(await schedules.enqueue_due(conn, app, now))
-        if prune:
-            done.pruned = int(await retention.prune(conn, app, now))
-        return done
-    finally:
-        if not conn.closed and not conn.broken:
-            await conn.execute(queries.get("maintenance_unlock"))
+    done = Round(rescued=rescued)
+    done.scheduled = list(await schedules.enqueue_due(conn, app, now))
+    if prune:
+        done.pruned = int(await retention.prune(conn, app, now))
+    return done
 
 
 #: How often the maintenance round is tried, and how often it prunes.
@@ -120,15 +122,11 @@ class MaintenanceLoop:
             prune = loop.time() - last_prune >= PRUNE_EVERY
             try:
                 async with self._connections.connection() as conn:
-                    try:
-                        done = await run_round(
-                            conn, settings.app, now=settings.wall_now(),
-                            sql_now=settings.sql_now(), orphan_grace=settings.lease,
-                            prune=prune,
-                        )
-                    except BaseException:
-                        await conn.close()  # never return a connection holding the lock
-                        raise
+                    done = await run_round(
+                        conn, settings.app, now=settings.wall_now(),
+                        sql_now=settings.sql_now(), orphan_grace=settings.lease,
+                        prune=prune,
+                    )
             except Exception as exc:
                 state.trouble.failed("maintenance", exc, MAINTENANCE_EVERY)
             else:

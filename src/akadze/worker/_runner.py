@@ -31,6 +31,7 @@ from ..errors import JobLost
 from ..hooks import call_run_hooks
 from ..jobs import ClaimedJob
 from ._connections import Connections
+from ._progress import ProgressWriter
 from ._runs import RunContext, set_current
 from ._state import Run, WorkerState
 from ._trouble import first_line
@@ -44,9 +45,14 @@ class TaskRuntime:
     """What a run's ``current()`` reaches of the worker (the :class:`Runtime` of
     :mod:`._runs`): the clock, the connections, the transition hooks."""
 
-    def __init__(self, state: WorkerState, connections: Connections) -> None:
+    def __init__(self, state: WorkerState, connections: Connections,
+                 progress: ProgressWriter) -> None:
         self._state = state
         self._connections = connections
+        self._progress = progress
+
+    def report_progress(self, job: ClaimedJob, fraction: float, message: str | None) -> None:
+        self._progress.report(job, fraction, message)
 
     @property
     def transition_hooks(self) -> Sequence[Callable[..., Any]]:

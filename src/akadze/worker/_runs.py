@@ -7,7 +7,9 @@ through a driver of a few lines that does the I/O its way.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
@@ -34,6 +36,8 @@ logger = logging.getLogger("akadze.worker")
 
 _current: ContextVar[RunContext] = ContextVar("akadze_current_run")
 
+PROGRESS_MESSAGE_MAX = 1000
+
 
 class Runtime(Protocol):
     """What a run needs from the worker that started it."""
@@ -49,6 +53,9 @@ class Runtime(Protocol):
     def async_connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
     def sync_connection(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+    def report_progress(self, job: ClaimedJob, fraction: float, message: str | None
+                        ) -> None: ...
 
 
 def current() -> RunContext:
@@ -117,6 +124,42 @@ class RunContext:
     def should_stop(self) -> bool:
         return self.cancel_requested or self.stop_reason is not None
 
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the run is: ``fraction`` from 0.0 to 1.0, and an optional
+        ``message`` (at most 1 000 characters). Cheap to call often: the worker writes
+        the latest report of each job at most once a second, where ``get_job``,
+        ``akadze jobs show``, the dashboard and the metrics read it."""
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not (
+                math.isfinite(fraction) and 0.0 <= fraction <= 1.0):
+            raise AkadzeError(f"progress takes a fraction from 0.0 to 1.0, got {fraction!r}")
+        if message is not None and (not isinstance(message, str) or "\x00" in message
+                                    or len(message) > PROGRESS_MESSAGE_MAX):
+            raise AkadzeError(
+                f"a progress message is a str of at most {PROGRESS_MESSAGE_MAX} characters "
+                "without NUL")
+        self._runtime.report_progress(self.job, float(fraction), message)
+
+    def parent_results(self) -> dict[int, Any]:
+        """The results of this job's parents (``after=``), by parent id: a parent that
+        did not succeed (a child with ``after_policy="run"``) maps to None. For plain
+        (thread) tasks; an async task awaits :meth:`parent_results_async`."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise AkadzeError("parent_results() would block the event loop of an async "
+                              "task: await current().parent_results_async() instead")
+        with self._runtime.sync_connection() as conn:
+            rows = conn.execute(queries.get("job_parent_results"), {"id": self.id}).fetchall()
+        return _results(rows)
+
+    async def parent_results_async(self) -> dict[int, Any]:
+        """The async twin of :meth:`parent_results`."""
+        async with self._runtime.async_connection() as conn:
+            cur = await conn.execute(queries.get("job_parent_results"), {"id": self.id})
+            return _results(await cur.fetchall())
+
     def complete_tx(self, result: object = None) -> CompleteTx:
         """A transaction that commits the task's own writes together with the move of
         this job to ``succeeded`` (``result`` stored as its result).
@@ -134,6 +177,11 @@ class RunContext:
 
     def __repr__(self) -> str:
         return f"<run of job {self.id} ({self.task!r}) attempt {self.attempt}>"
+
+
+def _results(rows: Sequence[Any]) -> dict[int, Any]:
+    return {int(parent): (result if state == "succeeded" else None)
+            for parent, state, result in rows}
 
 
 def _fence_failed(run: RunContext) -> JobLost:

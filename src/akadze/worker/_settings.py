@@ -32,9 +32,16 @@ class Settings:
     clock: Clock | None
     url: str
     maintenance: bool
-    pool_size: int
+    #: The most server connections this worker process opens, all pools and the
+    #: LISTEN connection together (split by :func:`~._connections.split_budget`).
+    connections: int
     durable_claims: bool
     on_event: EventCallback | None
+    #: The URL of the LISTEN connection (a direct one when ``url`` is a pooler's).
+    listen_url: str | None = None
+    #: ``url`` goes through a pooler in transaction mode: no server-side prepared
+    #: statements, and LISTEN only on ``listen_url``.
+    transaction_pooling: bool = False
 
     @property
     def max_pending(self) -> int:
@@ -109,6 +116,9 @@ def build_settings(
     pool_size: int | None,
     durable_claims: bool,
     on_event: EventCallback | None,
+    connections: int | None = None,
+    listen_url: str | None = None,
+    transaction_pooling: bool = False,
 ) -> Settings:
     """The settings of ``Worker(app, ...)``; ConfigurationError naming what is wrong."""
     if not isinstance(app, Akadze):
@@ -125,6 +135,13 @@ def build_settings(
         raise ConfigurationError("poll_interval must be positive")
     if on_event is not None and not callable(on_event):
         raise ConfigurationError("on_event must be a callable taking a WorkerEvent")
+    if listen_url is not None and (not isinstance(listen_url, str) or not listen_url.strip()):
+        raise ConfigurationError("listen_url must be a non-empty database URL or None")
+    # Through a pooler in transaction mode, LISTEN works only on a direct connection:
+    # without listen_url the worker polls.
+    listening = bool(listen) and (not transaction_pooling or listen_url is not None)
+    plain = any(not app.tasks[name].is_async for name in names)
+    budget = _budget(connections, pool_size, slots * len(queue_names), listening, plain)
     return Settings(
         app=app,
         queues=queue_names,
@@ -134,12 +151,50 @@ def build_settings(
         lease=lease_seconds,
         shutdown_timeout=seconds(shutdown_timeout, "shutdown_timeout"),
         poll_interval=poll,
-        listen=bool(listen),
+        listen=listening,
         worker_id=worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
         clock=clock,
         url=database_url or app.database_url,
         maintenance=maintenance,
-        pool_size=pool_size or 3 + 4,
+        connections=budget,
         durable_claims=bool(durable_claims),
         on_event=on_event,
+        listen_url=listen_url,
+        transaction_pooling=bool(transaction_pooling),
     )
+
+
+def default_connections(total_slots: int) -> int:
+    """The default budget of a worker process: 3, plus 1 per 10 slots (all queues)."""
+    return 3 + total_slots // 10
+
+
+def minimum_connections(listen: bool, plain: bool) -> int:
+    """The fewest a worker can run on: claims 1, the general pool 2 (a heartbeat must
+    not wait behind the other uses: with one, a worker was seen failing to renew its
+    lease while it shut down), LISTEN 1 (when listening), complete_tx of plain
+    (thread) tasks 1 (when it has such tasks)."""
+    return 3 + int(listen) + int(plain)
+
+
+def _budget(connections: int | None, pool_size: int | None, total_slots: int, listen: bool,
+            plain: bool) -> int:
+    for name, value in (("connections", connections), ("pool_size", pool_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
+    if connections is not None and pool_size is not None:
+        raise ConfigurationError("give connections or pool_size (the older name), not both")
+    least = minimum_connections(listen, plain)
+    if connections is None and pool_size is not None:
+        # pool_size counted the general pool alone; claims and LISTEN came on top.
+        connections = max(pool_size + 1 + int(listen), least)
+    if connections is None:
+        return max(default_connections(total_slots), least)
+    if connections < least:
+        needs = ["claims 1", "outcomes and heartbeats 2"]
+        needs += ["LISTEN 1"] * listen + ["complete_tx of plain tasks 1"] * plain
+        raise ConfigurationError(
+            f"connections must be at least {least} for this worker ({', '.join(needs)}), "
+            f"got {connections}")
+    return connections

@@ -42,6 +42,7 @@ from ._events import EventCallback
 from ._flusher import OutcomeFlusher
 from ._leases import LeaseKeeper
 from ._maintenance import MaintenanceLoop
+from ._progress import ProgressWriter
 from ._runner import Runner, TaskRuntime
 from ._settings import build_settings
 from ._shutdown import shut_down
@@ -68,7 +69,12 @@ class Worker:
     commit asynchronously, outcomes durably; see docs/explanation/job-states.md).
     ``on_event``: a callback that gets a :class:`~akadze.worker.WorkerEvent` at each
     observable moment (ready, listening, claimed, idle, fenced, ...; see
-    docs/reference/worker.md).
+    docs/reference/worker.md). ``connections``: the most server connections this
+    worker opens, all together (default 3, plus 1 per 10 slots over all its queues;
+    ``pool_size`` is the older name for the general pool alone). ``transaction_pooling``:
+    ``database_url`` goes through a pooler in transaction mode (PgBouncer): no
+    server-side prepared statements, and LISTEN only on ``listen_url`` (a direct URL),
+    polling without one.
 
     ``await worker.run()`` runs until :meth:`stop`; ``async with Worker(...)``
     runs it in the background and stops it cleanly on exit.
@@ -93,13 +99,17 @@ class Worker:
         pool_size: int | None = None,
         durable_claims: bool = False,
         on_event: EventCallback | None = None,
+        connections: int | None = None,
+        listen_url: str | None = None,
+        transaction_pooling: bool = False,
     ) -> None:
         settings = build_settings(
             app, queues=queues, slots=slots, fair=fair, lease=lease,
             shutdown_timeout=shutdown_timeout, poll_interval=poll_interval, listen=listen,
             worker_id=worker_id, clock=clock, database_url=database_url, tasks=tasks,
             maintenance=maintenance, pool_size=pool_size, durable_claims=durable_claims,
-            on_event=on_event,
+            on_event=on_event, connections=connections, listen_url=listen_url,
+            transaction_pooling=transaction_pooling,
         )
         self.app = app
         self.queues = list(settings.queues)
@@ -117,26 +127,27 @@ class Worker:
         #: Finished runs by kind (succeeded, retried, snoozed, failed, cancelled, given_back),
         #: plus "lost" for outcomes that fencing discarded.
         self.counts = state.counts
-        connections = self._connections = Connections(settings)
+        owner = self._connections = Connections(settings)
         self._wakeup = Wakeup(settings.queues, poll_interval=settings.poll_interval,
                               rand=state.random)
-        self._flusher = OutcomeFlusher(state, connections, on_due=self._wakeup.due_at,
+        self._flusher = OutcomeFlusher(state, owner, on_due=self._wakeup.due_at,
                                        on_room=self._key_room)
-        self._runner = Runner(state, TaskRuntime(state, connections),
+        self._progress = ProgressWriter(state, owner)
+        self._runner = Runner(state, TaskRuntime(state, owner, self._progress),
                               submit=self._flusher.submit)
-        self._leases = LeaseKeeper(state, connections, on_fence=self._give_back_all,
+        self._leases = LeaseKeeper(state, owner, on_fence=self._give_back_all,
                                    on_unfence=self._wake_all)
         self._listener: Listener | None = None
-        self._cancels = CancelWatcher(state, connections, cancel=self._cancel,
+        self._cancels = CancelWatcher(state, owner, cancel=self._cancel,
                                       listening=self._listening, holds=self._holds)
         self._claim_loops = {
-            name: ClaimLoop(name, state, connections, self._wakeup,
+            name: ClaimLoop(name, state, owner, self._wakeup,
                             start=self._runner.start, hand_back=self._runner.hand_back,
                             cancel_unstarted=self._runner.cancel_unstarted,
                             backlogged=self._flusher.backlogged, known=self._known_jobs)
             for name in settings.queues
         }
-        self._maintenance = MaintenanceLoop(state, connections) if maintenance else None
+        self._maintenance = MaintenanceLoop(state, owner) if maintenance else None
 
         self._ready = asyncio.Event()
         self._stop_count = 0
@@ -216,6 +227,7 @@ class Worker:
             self._spawn(self._leases.run(), "heartbeat")
             self._spawn(self._flusher.run(), "outcomes")
             self._spawn(self._cancels.run(), "cancel poll")
+            self._spawn(self._progress.run(), "progress")
             if self._maintenance is not None:
                 self._spawn(self._maintenance.run(), "maintenance")
             if self.listen:

@@ -6,7 +6,8 @@
 -- name: bench_reset
 -- An empty queue world for the next scenario. TRUNCATE rather than DELETE: the
 -- next build then starts from clean tables and indexes.
-TRUNCATE akadze.jobs, akadze.limits, akadze.start_marks, akadze.queue_pauses RESTART IDENTITY
+TRUNCATE akadze.jobs, akadze.job_dependencies, akadze.limits, akadze.start_marks,
+    akadze.queue_pauses RESTART IDENTITY
 
 -- name: bench_stale_tables
 -- --stale-stats: autovacuum leaves the queue's tables alone in the bench's

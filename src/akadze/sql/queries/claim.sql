@@ -530,6 +530,12 @@ RETURNING
 --
 -- Returns the settings it replaces (restored before the hooks run). The lock
 -- comes first: the settings are read and changed once the queue is ours.
+--
+-- synchronous_commit for this transaction only (a worker's claims do not wait
+-- for the WAL flush unless durable_claims): set here, local to the transaction,
+-- rather than as a connection's startup option, which PgBouncer refuses. NULL
+-- keeps the session's setting. Not restored before the hooks: it is what the
+-- COMMIT uses.
 SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
        current_setting('jit') AS jit,
        current_setting('enable_seqscan') AS enable_seqscan,
@@ -537,7 +543,10 @@ SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
        set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('jit', 'off', true),
        set_config('enable_seqscan', 'off', true),
-       set_config('enable_bitmapscan', 'off', true)
+       set_config('enable_bitmapscan', 'off', true),
+       set_config('synchronous_commit',
+                  coalesce(%(synchronous_commit)s::text,
+                           current_setting('synchronous_commit')), true)
 FROM (SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))) AS turn
 
 -- name: claim_plan_restore

@@ -379,3 +379,11 @@ WITH RECURSIVE names(name) AS (
     WHERE n.name IS NOT NULL
 )
 SELECT name FROM names WHERE name IS NOT NULL LIMIT %(cap)s;
+
+-- name: dashboard_job_family
+-- The job page's parents and children (the ids get_job read, at most 1 000 of each):
+-- their tasks and states, by primary key.
+SELECT j.id, j.task, j.state::text
+FROM akadze.jobs AS j
+WHERE j.id = ANY (%(ids)s::bigint[])
+ORDER BY j.id;

@@ -9,18 +9,19 @@
 -- limited: whether the key has a limits row, which is locked FOR KEY SHARE until
 -- the caller's transaction ends, so that clear_limit cannot remove it before
 -- this job is visible to clear it too (migration 0005). A job without a key
--- probes nothing (key = NULL matches no row).
+-- probes nothing (key = NULL matches no row). state is 'waiting' for a job with
+-- parents not yet done (waiting_for of them), else 'queued'.
 WITH limit_row AS (
     SELECT 1 FROM akadze.limits l WHERE l.key = %(limit_key)s FOR KEY SHARE
 )
 INSERT INTO akadze.jobs
     (queue, task, args, priority, run_at, max_attempts, limit_key, unique_key,
-     expires_at, meta, limited)
+     expires_at, meta, limited, state, waiting_for)
 VALUES
     (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
      COALESCE(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(max_attempts)s,
      %(limit_key)s, %(unique_key)s, %(expires_at)s::timestamptz, %(meta)s::jsonb,
-     EXISTS (SELECT 1 FROM limit_row))
+     EXISTS (SELECT 1 FROM limit_row), %(state)s::akadze.job_state, %(waiting_for)s)
 RETURNING id, run_at
 
 -- name: reserve_job_ids
@@ -70,3 +71,82 @@ RELEASE SAVEPOINT akadze_enqueue
 -- take the default of (run_at, limit_key, meta, expires_at), which saves
 -- bytes on the wire and parsing on the server.
 COPY akadze.jobs ({columns}) FROM STDIN
+
+-- name: unique_lock
+-- Uniqueness over time (akadze.uniqueness): the keys of an enqueue, locked until the
+-- caller's transaction ends, in the order given (sorted: two enqueues of the same
+-- keys cannot deadlock). A second enqueue of a key waits here until the first
+-- commits; its next statement (unique_holders) then runs on a fresh snapshot and sees
+-- the job the first inserted. That holds under READ COMMITTED only: a transaction of
+-- a stricter level keeps the snapshot of its first statement, so the isolation is
+-- returned and such an enqueue refused. The seed keeps these locks apart from other
+-- users of 64-bit advisory locks on the same text ("akadzeuk").
+SELECT current_setting('transaction_isolation'),
+       (SELECT count(pg_advisory_xact_lock(hashtextextended(k, 7019811528365143403)))
+        FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS u(k, n))
+
+-- name: unique_holders
+-- The jobs that hold the keys: every one not finished, and those finished within
+-- %(period)s seconds (the longest unique_for of the enqueue; NULL: none), on
+-- jobs_unique_key_idx. now() is returned for the period of each item.
+SELECT j.unique_key, j.id, j.state::text, j.finished_at, now()
+FROM akadze.jobs AS j
+WHERE j.unique_key = ANY (%(keys)s::text[])
+  AND (j.state NOT IN ('succeeded', 'failed', 'cancelled')
+       OR j.finished_at >= now() - %(period)s::float8 * interval '1 second')
+
+-- name: unique_replace
+-- on_duplicate="replace": the jobs that hold the keys and have not started take the
+-- new arguments and, unless keep_run_at, the new run_at (the database clock plus the
+-- delay, as enqueue_job). A job claimed since unique_holders read it is left alone
+-- (absent from RETURNING): the enqueue then inserts, as a running holder never blocks
+-- a replace. Workers of the queue are told (a run_at moved earlier is ready sooner).
+WITH replaced AS (
+    UPDATE akadze.jobs AS j
+    SET args = r.args::jsonb,
+        run_at = CASE WHEN r.keep THEN j.run_at
+                      ELSE coalesce(r.run_at, now() + r.delay * interval '1 second') END
+    FROM unnest(%(ids)s::bigint[], %(args)s::text[], %(keep)s::boolean[],
+                %(run_ats)s::timestamptz[], %(delays)s::float8[])
+         AS r(id, args, keep, run_at, delay)
+    WHERE j.id = r.id AND j.state NOT IN ('running', 'succeeded', 'failed', 'cancelled')
+    RETURNING j.id, j.queue
+)
+SELECT id, pg_notify('akadze_jobs', queue) FROM replaced
+
+-- name: parents_lock
+-- The existing parents of new jobs (after=[ids]): flagged, so that their terminal
+-- write counts the new edges (the trigger jobs_finished, migration 0012), and their
+-- state read. The UPDATE takes each parent's row lock: a parent whose outcome is
+-- being written right now is waited for and read after that commit; one written
+-- after this statement waits for the caller's commit, and its trigger's statements
+-- then see the new edges. Ids that name no job are absent from RETURNING. (A row
+-- lock on a queued parent makes the claim pass it over until the enqueue commits.)
+UPDATE akadze.jobs AS j SET dependents = true
+WHERE j.id = ANY (%(ids)s::bigint[])
+RETURNING j.id, j.state::text
+
+-- name: dependencies_insert
+-- The edges of one new job; done for the parents that had already ended.
+INSERT INTO akadze.job_dependencies (child_id, parent_id, run_anyway, done)
+SELECT %(child)s, p.parent, %(run_anyway)s, p.done
+FROM unnest(%(parents)s::bigint[], %(done)s::boolean[]) AS p(parent, done)
+
+-- name: copy_dependencies
+-- The edges of a bulk enqueue.
+COPY akadze.job_dependencies (child_id, parent_id, run_anyway, done) FROM STDIN
+
+-- name: dependencies_cancel
+-- New jobs whose parent had already failed or been cancelled when they were enqueued
+-- (after_policy "cancel"): cancelled at once, naming that parent, as its terminal
+-- write would have done. Their own children, items of the same call, are cancelled in
+-- turn by the trigger jobs_finished (this is their parents' terminal write).
+UPDATE akadze.jobs AS c
+SET state = 'cancelled',
+    finished_at = now(),
+    errors = akadze.append_error(c.errors, jsonb_build_object(
+        'attempt', c.attempt, 'at', now(), 'error', 'ParentFailed', 'parent', x.parent,
+        'message', format('cancelled: parent job %%s %%s', x.parent, p.state)))
+FROM unnest(%(ids)s::bigint[], %(parents)s::bigint[]) AS x(id, parent)
+JOIN akadze.jobs AS p ON p.id = x.parent
+WHERE c.id = x.id AND c.state = 'waiting'

@@ -26,7 +26,22 @@ j.expires_at, j.worker_id, j.started_at
 -- `akadze jobs list` to 540 MB. A column not named is not fetched from TOAST.
 j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.run_count,
 j.run_at, j.created_at, j.started_at, j.finished_at, j.limit_key, j.unique_key, j.meta,
-j.worker_id, j.cancel_requested, j.expires_at
+j.worker_id, j.cancel_requested, j.expires_at, j.progress, j.progress_message,
+j.progress_at, j.waiting_for,
+-- The job's place in a workflow (migration 0012): the ids of its parents and of its
+-- children, at most 1 000 of each, oldest first (job_dependencies is indexed both
+-- ways), and how many there are. A job that is nobody's parent (dependents false)
+-- does not probe for children.
+ARRAY(SELECT d.parent_id FROM akadze.job_dependencies AS d WHERE d.child_id = j.id
+      ORDER BY d.parent_id LIMIT 1000) AS parents,
+(SELECT count(*) FROM akadze.job_dependencies AS d WHERE d.child_id = j.id)
+    AS parent_count,
+CASE WHEN j.dependents THEN
+    ARRAY(SELECT d.child_id FROM akadze.job_dependencies AS d WHERE d.parent_id = j.id
+          ORDER BY d.child_id LIMIT 1000) ELSE '{}'::bigint[] END AS children,
+CASE WHEN j.dependents THEN
+    (SELECT count(*) FROM akadze.job_dependencies AS d WHERE d.parent_id = j.id)
+    ELSE 0 END AS child_count
 
 -- fragment: job_details_columns
 j.args, j.errors, j.result

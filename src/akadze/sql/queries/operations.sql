@@ -162,26 +162,32 @@ SELECT w.id, w.host, w.pid, w.queues, w.started_at, w.heartbeat_at,
 FROM akadze.workers AS w
 ORDER BY w.host, w.pid, w.id;
 
--- name: retention_try_lock
--- One pruner at a time across the cluster: a session-level advisory lock taken
--- without waiting ("akadzert" as a 64-bit number); each batch below commits on
--- its own while the lock is held.
-SELECT pg_try_advisory_lock(7019811528365142644);
-
--- name: retention_unlock
-SELECT pg_advisory_unlock(7019811528365142644);
-
 -- name: retention_prune_batch
 -- One bounded batch: the oldest finished jobs past their retention, found on
 -- jobs_finished_idx (finished_at order, finished rows only). Failed jobs have a
 -- retention of their own (kept longer, for inspection). SKIP LOCKED: a row an
--- operator is requeueing right now is left for the next round.
+-- operator is requeueing right now is left for the next round. A parent is kept
+-- while any of its children has not finished (a waiting child still needs it, and a
+-- child reads its parents' results when it runs: parent_results); the flag keeps
+-- that probe off every other row.
+--
+-- One pruner at a time across the cluster: each batch takes an advisory lock
+-- without waiting ("akadzert" as a 64-bit number), held to the batch's COMMIT;
+-- a batch that does not get it deletes nothing (and the prune stops). The lock
+-- is an uncorrelated scalar subquery, so it is evaluated once, before the scan
+-- (a one-time filter). Transaction-scoped, not session-level, so that it works
+-- through a pooler in transaction mode.
 WITH doomed AS (
-    SELECT id FROM akadze.jobs
-    WHERE state IN ('succeeded', 'failed', 'cancelled')
-      AND finished_at < %(cutoff)s
-      AND (state <> 'failed' OR finished_at < %(failed_cutoff)s)
-    ORDER BY finished_at
+    SELECT p.id FROM akadze.jobs AS p
+    WHERE (SELECT pg_try_advisory_xact_lock(7019811528365142644))
+      AND p.state IN ('succeeded', 'failed', 'cancelled')
+      AND p.finished_at < %(cutoff)s
+      AND (p.state <> 'failed' OR p.finished_at < %(failed_cutoff)s)
+      AND (NOT p.dependents OR NOT EXISTS (
+          SELECT 1 FROM akadze.job_dependencies AS d
+          JOIN akadze.jobs AS c ON c.id = d.child_id
+          WHERE d.parent_id = p.id AND c.state NOT IN ('succeeded', 'failed', 'cancelled')))
+    ORDER BY p.finished_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 )
@@ -189,10 +195,12 @@ DELETE FROM akadze.jobs AS j USING doomed WHERE j.id = doomed.id;
 
 -- name: retention_prune_fires
 -- Fire records are only needed while a fire could still be enqueued (its grace)
--- and, for overlap=False, while their job is active. Bounded like the jobs.
+-- and, for overlap=False, while their job is active. Bounded and locked like
+-- the jobs' batches.
 WITH doomed AS (
     SELECT f.schedule, f.fire_at FROM akadze.periodic_fires AS f
-    WHERE f.fire_at < %(cutoff)s
+    WHERE (SELECT pg_try_advisory_xact_lock(7019811528365142644))
+      AND f.fire_at < %(cutoff)s
       AND NOT EXISTS (SELECT 1 FROM akadze.jobs AS j
                       WHERE j.id = f.job_id AND j.state IN ('queued', 'running'))
     LIMIT %(batch)s

@@ -252,12 +252,14 @@ RETURNING
 , j.state;
 
 -- name: maintenance_try_lock
--- One maintenance runner at a time across the cluster: a session-level advisory
--- lock taken without waiting ("akadzemt" as a 64-bit number).
-SELECT pg_try_advisory_lock(7019811528365141364);
-
--- name: maintenance_unlock
-SELECT pg_advisory_unlock(7019811528365141364);
+-- One rescuer at a time across the cluster: the first statement of the rescue's
+-- transaction, an advisory lock taken without waiting ("akadzemt" as a 64-bit
+-- number) and held to its COMMIT. Transaction-scoped, not session-level: through
+-- a pooler in transaction mode a session lock and its unlock can land on two
+-- server connections (and a lock left on a pooled server connection would stop
+-- every rescue). Whoever gets it goes on with the rest of the round; rounds may
+-- overlap after the rescue, which every later step allows.
+SELECT pg_try_advisory_xact_lock(7019811528365141364);
 
 -- name: job_for_cancel
 -- Lock the job whose cancellation is requested, to decide between the queued and
@@ -277,7 +279,7 @@ SET state = 'cancelled',
     errors = akadze.append_error(j.errors, jsonb_build_object(
         'attempt', j.attempt, 'at', coalesce(%(now)s::timestamptz, now()),
         'error', 'Cancelled', 'message', 'cancelled before it ran'))
-WHERE j.id = %(id)s AND j.state = 'queued'
+WHERE j.id = %(id)s AND j.state IN ('queued', 'waiting')
 RETURNING j.id;
 
 -- name: cancel_running
