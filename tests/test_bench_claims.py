@@ -85,3 +85,30 @@ def test_bench_makes_and_drops_its_own_database(
 def test_bad_scenario_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "claims", "--scenario", "nope"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_bench_stale_stats_side_by_side(server_url: str, tmp_path: Path) -> None:
+    before = _bench_databases(server_url)
+    report = tmp_path / "claims.md"
+    code = main([
+        "bench", "claims", "--database-url", server_url, "--jobs", "500", "--repeat", "1",
+        "--scenario", "at-limit-then-free", "--skip-load", "--stale-stats",
+        "--report", str(report),
+    ])
+    assert code == 0
+    text = report.read_text()
+    assert "## Fresh and stale statistics" in text
+    part = text.split("## Fresh and stale statistics", 1)[1]
+    rows = [line for line in part.splitlines() if line.startswith("| 1 000 keys")]
+    assert len(rows) == 2  # fair and default
+    assert all(line.rstrip().endswith("| 20 | yes |") for line in rows), rows
+    assert not _bench_databases(server_url) - before  # its scratch databases dropped
+
+
+def test_bench_stale_stats_refuses_in_place(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["bench", "claims", "--in-place", "--stale-stats",
+                 "--database-url", database_url])
+    assert code == 2
+    assert "--stale-stats" in capsys.readouterr().err

@@ -13,10 +13,12 @@ key could be over).
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import click
 import psycopg
 
 from ..claim import claim
@@ -97,6 +99,20 @@ def load_claimer(url: str, number: int, fair: bool, seconds: float, hold: float,
     out.put((claimed, completed, errors))
 
 
+# How long a claimer process may take to start (spawn, import, connect) or to
+# report: generous, for a shared machine where a spawn takes tens of seconds.
+CLAIMER_PATIENCE = 300.0
+
+
+def _get(channel: Any, what: str) -> Any:
+    try:
+        return channel.get(timeout=CLAIMER_PATIENCE)
+    except queue.Empty:
+        raise click.ClickException(
+            f"load test: a claimer process did not {what} within "
+            f"{CLAIMER_PATIENCE:.0f} s") from None
+
+
 def run_load(url: str, order: str, *, jobs: int, claimers: int, seconds: float,
              hold: float = 0.010, claimers_url: str | None = None) -> LoadResult:
     """Run the load test in the (scratch) database at ``url``; it is emptied first.
@@ -117,13 +133,13 @@ def run_load(url: str, order: str, *, jobs: int, claimers: int, seconds: float,
             for proc in procs:
                 proc.start()
             for _ in procs:
-                ready.get(timeout=60)
+                _get(ready, "start")
             go.set()
             started = time.monotonic()
             _sample(sampler, result, started, stop, jobs)
             stop.set()
             for _ in procs:
-                claimed, completed, errors = out.get(timeout=60)
+                claimed, completed, errors = _get(out, "report")
                 result.claimed += claimed
                 result.completed += completed
                 result.errors.extend(errors)

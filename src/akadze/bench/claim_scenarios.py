@@ -139,9 +139,17 @@ SCENARIOS: tuple[Scenario, ...] = (
 SCENARIO_NAMES = tuple(s.name for s in SCENARIOS)
 
 
-def build(conn: Conn, scenario: Scenario, jobs: int) -> None:
-    """Empty the akadze tables and build ``scenario`` at ``jobs`` ready jobs."""
+def build(conn: Conn, scenario: Scenario, jobs: int, stale: bool = False) -> None:
+    """Empty the akadze tables and build ``scenario`` at ``jobs`` ready jobs.
+
+    ``stale``: as a burst into a quiet queue meets them, the tables' statistics
+    are taken while they are empty and not again (no ANALYZE after the jobs
+    arrive; the caller keeps autovacuum off the tables meanwhile, see
+    ``stale_tables``). Otherwise the tables are vacuumed and analyzed at the end.
+    """
     conn.execute(queries.get("bench_reset"))
+    if stale:
+        conn.execute("ANALYZE akadze.jobs, akadze.limits, akadze.start_marks")
     # Limits first, as an application sets them before it enqueues: the jobs of
     # a limited key are then flagged as such (jobs.limited, migration 0005).
     for lim in scenario.limited:
@@ -160,7 +168,16 @@ def build(conn: Conn, scenario: Scenario, jobs: int) -> None:
         conn.execute(queries.get("bench_insert_running"), {
             "queue": QUEUE, "prefix": run.prefix, "keys": run.keys, "per_key": run.per_key,
             "base": BASE})
-    conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
+    if not stale:
+        conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
+
+
+def stale_tables(conn: Conn) -> None:
+    """Keep autovacuum off the queue's tables in this (scratch) database, so that
+    statistics taken on purpose stay as they are for the whole run (autovacuum
+    would analyze a table after its first 50 new rows plus 10 %). Only ever run
+    on the bench's own scratch database, or one given with --in-place."""
+    conn.execute(queries.get("bench_stale_tables"))
 
 
 # -- timing -----------------------------------------------------------------------------
@@ -176,6 +193,7 @@ class Timing:
     plain_ms: list[float] = field(default_factory=list)
     claimed: int = 0
     same: bool = True
+    ids: list[int] = field(default_factory=list)  # the windowed claim's answer
 
     @property
     def oracle(self) -> float:
@@ -248,6 +266,7 @@ def measure(conn: Conn, scenario: Scenario, order: str, jobs: int, repeat: int,
                 timing.same = False
         ms, ids = _timed(conn, claim, fair)
         timing.claim_ms.append(ms)
+        timing.ids = ids
         if expected is None:
             timing.claimed = len(ids)
         elif ids != expected:

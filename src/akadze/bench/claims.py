@@ -33,7 +33,16 @@ from ..cli.options import database_url_option, print_table, resolve
 from ..database import connect, describe
 from ..migrate import migrate_connection
 from .claim_load import LoadResult, run_load
-from .claim_scenarios import SCENARIO_NAMES, SCENARIOS, SLOTS, Timing, build, measure
+from .claim_scenarios import (
+    SCENARIO_NAMES,
+    SCENARIOS,
+    SLOTS,
+    Scenario,
+    Timing,
+    build,
+    measure,
+    stale_tables,
+)
 from .pgbouncer import PgBouncer
 
 Conn = psycopg.Connection[Any]
@@ -93,7 +102,15 @@ def host_details(conn: Conn) -> dict[str, str]:
         "PostgreSQL": str(row[0]) if row else "?",
         "Python": platform.python_version(),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load average at start (1/5/15 min)": _loadavg(),
     }
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 def _fmt_ms(value: float) -> str:
@@ -122,6 +139,26 @@ LOAD_COLUMNS = ("order", "claimed", "completed", "claimed twice", "errors", "ela
                 "samples", "samples over a limit", "trigger violations")
 
 
+STALE_COLUMNS = ("queue", "order", "ready jobs", "fresh ms", "stale ms", "stale / fresh",
+                 "plain SKIP LOCKED ms (fresh)", "claimed", "same jobs")
+STALE_SHORT = ("scenario", "order", "jobs", "fresh", "stale", "stale/fresh", "plain", "got",
+               "same")
+
+
+def stale_rows(pairs: Sequence[tuple[Timing, Timing]], *,
+               titles: bool = True) -> list[tuple[str, ...]]:
+    """One row per cell: the windowed claim on fresh and on stale statistics."""
+    rows: list[tuple[str, ...]] = []
+    for fresh, stale in pairs:
+        ratio = stale.windowed / fresh.windowed if fresh.windowed else float("nan")
+        rows.append((
+            fresh.scenario.title if titles else fresh.scenario.name, fresh.order,
+            f"{fresh.jobs:,}".replace(",", " "), _fmt_ms(fresh.windowed),
+            _fmt_ms(stale.windowed), f"{ratio:.2f}x", _fmt_ms(fresh.plain),
+            str(stale.claimed), "yes" if stale.same and fresh.same else "NO"))
+    return rows
+
+
 def load_rows(results: Sequence[LoadResult]) -> list[tuple[str, ...]]:
     return [
         (r.order, str(r.claimed), str(r.completed), str(r.claimed_twice), str(len(r.errors)),
@@ -144,9 +181,29 @@ def _commit_words(durable: bool) -> str:
             "`durable_claims=False`)")
 
 
+def _stale_part(pairs: Sequence[tuple[Timing, Timing]]) -> list[str]:
+    if not pairs:
+        return []
+    return [
+        "",
+        "## Fresh and stale statistics",
+        "",
+        "Each scenario is built in a database of its own, its tables analyzed while "
+        "empty (autovacuum kept off them), then the jobs inserted with no ANALYZE: "
+        "*stale* is the windowed claim then, on a new connection, so that its "
+        "generic plans are made on those statistics. Then the same tables are "
+        "vacuumed and analyzed: *fresh* is the same claim on them (the full table "
+        "above). *Same jobs*: the stale claim returned what the full ranking "
+        "returns on the fresh tables.",
+        "",
+        _md_table(STALE_COLUMNS, stale_rows(pairs)),
+    ]
+
+
 def write_report(path: Path, host: dict[str, str], repeat: int,
                  timings: Sequence[Timing], loads: Sequence[LoadResult],
-                 durable: bool = False) -> None:
+                 durable: bool = False,
+                 stale: Sequence[tuple[Timing, Timing]] = ()) -> None:
     parts = [
         "# Claim speed (`akadze bench claims`)",
         "",
@@ -167,6 +224,7 @@ def write_report(path: Path, host: dict[str, str], repeat: int,
         "sees.",
         "",
         _md_table(SPEED_COLUMNS, speed_rows(timings)),
+        *_stale_part(stale),
         "",
         "Scenarios (N = ready jobs; queue order = run_at order unless said):",
         "",
@@ -199,6 +257,43 @@ def write_report(path: Path, host: dict[str, str], repeat: int,
     path.write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 
+# -- fresh and stale statistics -----------------------------------------------------------
+
+
+def _fresh_and_stale(url: str, scenario: Scenario, jobs: int, repeat: int,
+                     oracle_budget: float, durable: bool) -> list[tuple[Timing, Timing]]:
+    """``scenario`` in a scratch database of its own: timed on stale statistics
+    (analyzed while empty, then filled), then on the same tables analyzed."""
+    pairs: list[tuple[Timing, Timing]] = []
+    with scratch_database(url, False) as scratch:
+        with connect(scratch) as conn:
+            stale_tables(conn)
+            started = time.monotonic()
+            build(conn, scenario, jobs, stale=True)
+            click.echo(f"built {scenario.name} ({jobs} jobs, stale statistics) in "
+                       f"{time.monotonic() - started:.1f} s", err=True)
+        # A new connection: its generic plans are made on the stale statistics.
+        # No full ranking here: its one statement on such statistics can take
+        # minutes; the answer is checked against the ranking on the fresh tables.
+        with connect(scratch) as conn:
+            if not durable:
+                conn.execute("SET synchronous_commit = off")
+            stale = [measure(conn, scenario, order, jobs, repeat, 0.0)
+                     for order in scenario.orders]
+            conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
+        with connect(scratch) as conn:
+            if not durable:
+                conn.execute("SET synchronous_commit = off")
+            for was in stale:
+                fresh = measure(conn, scenario, was.order, jobs, repeat, oracle_budget)
+                if fresh.oracle_ms:
+                    # measure's fresh.ids is the windowed claim's; the ranking
+                    # agreed with it when fresh.same
+                    was.same = was.ids == fresh.ids and fresh.same
+                pairs.append((fresh, was))
+    return pairs
+
+
 # -- command ----------------------------------------------------------------------------
 
 
@@ -207,8 +302,9 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) ->
 
 
 @click.command("claims")
-@click.option("--jobs", type=click.IntRange(100, 10_000_000), default=100_000, show_default=True,
-              help="Ready jobs per scenario.")
+@click.option("--jobs", "sizes", multiple=True, type=click.IntRange(100, 10_000_000),
+              help="Ready jobs per scenario (repeatable: every scenario at each size; "
+              "default 100000).")
 @click.option("--repeat", type=click.IntRange(1, 1000), default=15, show_default=True,
               help="Claims per cell (the median is reported).")
 @click.option("--scenario", "names", multiple=True, type=click.Choice(SCENARIO_NAMES),
@@ -226,34 +322,55 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) ->
               "durable_claims=True); by default off, as a worker commits its claims.")
 @click.option("--in-place", is_flag=True,
               help="Bench in the given database itself: EMPTIES its akadze tables.")
+@click.option("--stale-stats", is_flag=True,
+              help="Also time every cell on tables analyzed while empty, then filled "
+              "with no ANALYZE (a burst into a quiet queue), beside the same tables "
+              "analyzed; each scenario gets a scratch database of its own.")
 @click.option("--pgbouncer", is_flag=True,
               help="The load test's claimers go through a PgBouncer in transaction mode "
               "(no prepared statements), started by the bench on a private port.")
 @database_url_option
-def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float,
+def command(sizes: tuple[int, ...], repeat: int, names: tuple[str, ...], oracle_budget: float,
             skip_load: bool, load_jobs: int,
             load_seconds: float, claimers: int, report: Path | None, durable: bool,
-            in_place: bool, pgbouncer: bool, database_url: str | None) -> None:
+            in_place: bool, stale_stats: bool, pgbouncer: bool,
+            database_url: str | None) -> None:
     """Time the windowed claim against the full ranking, and run the load test."""
+    if stale_stats and in_place:
+        raise click.UsageError(
+            "--stale-stats builds each scenario in a scratch database of its own: "
+            "it cannot run --in-place")
     url = resolve(database_url)
     chosen = [s for s in SCENARIOS if not names or s.name in names]
     timings: list[Timing] = []
+    pairs: list[tuple[Timing, Timing]] = []
     loads: list[LoadResult] = []
     click.echo(f"benching on {describe(url)}" + (" (in place)" if in_place else ""))
     with scratch_database(url, in_place) as scratch, connect(scratch) as conn:
         host = host_details(conn)
         if not durable:  # the timed claims, the full ranking and the floor alike
             conn.execute("SET synchronous_commit = off")
-        for scenario in chosen:
-            started = time.monotonic()
-            build(conn, scenario, jobs)
-            click.echo(f"built {scenario.name} ({jobs} jobs) in "
-                       f"{time.monotonic() - started:.1f} s", err=True)
-            for order in scenario.orders:
-                timings.append(measure(conn, scenario, order, jobs, repeat, oracle_budget))
+        for jobs in sizes or (100_000,):
+            for scenario in chosen:
+                if stale_stats:
+                    got = _fresh_and_stale(url, scenario, jobs, repeat, oracle_budget,
+                                           durable)
+                    timings += [fresh for fresh, _ in got]
+                    pairs += got
+                    continue
+                started = time.monotonic()
+                build(conn, scenario, jobs)
+                click.echo(f"built {scenario.name} ({jobs} jobs) in "
+                           f"{time.monotonic() - started:.1f} s", err=True)
+                for order in scenario.orders:
+                    timings.append(measure(conn, scenario, order, jobs, repeat,
+                                           oracle_budget))
         if timings:
             _print(SHORT_COLUMNS, speed_rows(timings, titles=False),
                    f"claim, {SLOTS} slots, median ms")
+        if pairs:
+            _print(STALE_SHORT, stale_rows(pairs, titles=False),
+                   f"claim, {SLOTS} slots, median ms, fresh and stale statistics")
         if not skip_load:
             with contextlib.ExitStack() as stack:
                 claimers_url = None
@@ -269,5 +386,5 @@ def command(jobs: int, repeat: int, names: tuple[str, ...], oracle_budget: float
                 for error in sorted(set(r.errors))[:5]:
                     click.echo(f"{r.order}: {error}", err=True)
     if report is not None:
-        write_report(report, host, repeat, timings, loads, durable)
+        write_report(report, host, repeat, timings, loads, durable, pairs)
         click.echo(f"report written to {report}")

@@ -1,17 +1,23 @@
 """``akadze bench throughput``: how fast one worker process runs jobs, and how soon it
 starts a new one.
 
-Throughput: a backlog of ``--jobs`` no-op jobs is inserted and analyzed, then a worker
-starts in this process (``--slots`` slots on one queue); the clock runs from the
-worker's start (its connections included) until the last outcome is written.
-Reported as jobs per second.
+Throughput: a backlog of ``--jobs`` no-op jobs is inserted, then a worker starts in
+this process (``--slots`` slots on one queue); the clock runs from the worker's
+start (its connections included) until the last outcome is written. Reported as
+jobs per second. Every run has a scratch database of its own. By default the
+backlog is vacuumed and analyzed before the worker starts (*fresh* statistics);
+with ``--stale-stats`` each run is also made on *stale* ones, as a burst into a
+quiet queue meets them: the tables analyzed while empty, then the backlog
+inserted, no ANALYZE before or during the drain. Autovacuum is kept off the
+queue's tables in both, so that the statistics are the only difference; the two
+runs of a cell alternate which goes first.
 
 Pick-up latency: ``--samples`` single enqueues, each committed on its own from a
 separate thread while the worker is idle, each waited for before the next; the
 latency is the time from the commit's return (and from just before the commit was
 sent) to the start of the task, both read from the same clock in this process.
 
-Runs in a scratch database created (and dropped) on the server of the URL.
+Runs in scratch databases created (and dropped) on the server of the URL.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from ..app import Akadze
 from ..cli.options import database_url_option, print_table, resolve
 from ..database import connect, describe
 from ..worker import Worker
+from .claim_scenarios import stale_tables
 from .claims import host_details, scratch_database
 from .workflows import WAITER_EVERY, FanIn, WaiterRuns, measure_fan_in, measure_waiters
 
@@ -45,10 +52,33 @@ class Throughput:
     jobs: int
     slots: int
     seconds: float
+    stale: bool = False
 
     @property
     def rate(self) -> float:
         return self.jobs / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class Cell:
+    """The runs of one backlog and slot count: fresh statistics, and stale ones
+    when asked; the median of each is reported."""
+
+    jobs: int
+    slots: int
+    fresh: list[Throughput]
+    stale: list[Throughput]
+
+    @staticmethod
+    def median(runs: Sequence[Throughput]) -> float:
+        return statistics.median(r.rate for r in runs) if runs else float("nan")
+
+    def row(self) -> tuple[str, ...]:
+        fresh, stale = self.median(self.fresh), self.median(self.stale)
+        cells = [f"{self.jobs:,}", str(self.slots), str(len(self.fresh)), f"{fresh:,.0f}"]
+        if self.stale:
+            cells += [f"{stale:,.0f}", f"{stale / fresh:.2f}"]
+        return tuple(cells)
 
 
 @dataclass
@@ -92,20 +122,34 @@ def _reset(conn: Conn) -> None:
     conn.execute("TRUNCATE akadze.jobs, akadze.workers, akadze.job_dependencies")
 
 
-async def measure_throughput(url: str, jobs: int, slots: int) -> Throughput:
+async def measure_throughput(url: str, jobs: int, slots: int,
+                             stale: bool = False) -> Throughput:
+    """One drain of ``jobs`` no-op jobs by a worker of ``slots`` slots, in the
+    scratch database ``url`` (which it empties first)."""
     bench = _Bench(url)
     bench.target = jobs
     with connect(url) as conn:
         _reset(conn)
+        stale_tables(conn)
+        if stale:
+            # Statistics of the empty tables, as autovacuum takes them on a
+            # quiet queue; the burst then comes with no ANALYZE.
+            conn.execute("ANALYZE akadze.jobs, akadze.workers")
         conn.execute("INSERT INTO akadze.jobs (queue, task) "
                      "SELECT 'default', %s FROM generate_series(1, %s)", (TASK, jobs))
-        # A backlog that has been there a while has statistics; without them the
-        # planner takes the table for empty (and prepared claims keep those plans).
-        conn.execute("VACUUM ANALYZE akadze.jobs")
+        if not stale:
+            # A backlog that has been there a while has been analyzed.
+            conn.execute("VACUUM ANALYZE akadze.jobs")
         began = time.perf_counter()
         async with Worker(bench.app, slots=slots, poll_interval=1.0, lease=60) as worker:
-            async with asyncio.timeout(max(60, jobs / 500)):  # not wait_for: Worker._wait
-                await bench.finished.wait()
+            try:
+                # generous: a shared machine can be 50 times slower than the target
+                async with asyncio.timeout(max(120, jobs / 50)):  # not wait_for: Worker._wait
+                    await bench.finished.wait()
+            except TimeoutError:
+                raise click.ClickException(
+                    f"{bench.done} of {jobs} jobs ran within {max(120, jobs / 50):.0f} s "
+                    f"({slots} slots)") from None
             await worker.wait_idle()
             seconds = time.perf_counter() - began
         row = conn.execute("SELECT count(*) FROM akadze.jobs WHERE state = 'succeeded'"
@@ -193,9 +237,10 @@ def _workflow_lines(waiters: WaiterRuns | None, fan_in: FanIn | None) -> list[st
     return lines
 
 
-def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput],
-                 latency: Latency | None, waiters: WaiterRuns | None = None,
-                 fan_in: FanIn | None = None) -> None:
+def write_report(path: Path, host: dict[str, str], cells: Sequence[Cell],
+                 latency: Latency | None, latency_slots: int = 0,
+                 waiters: WaiterRuns | None = None, fan_in: FanIn | None = None) -> None:
+    stale = any(c.stale for c in cells)
     lines = [
         "# Worker throughput and pick-up latency",
         "",
@@ -209,15 +254,23 @@ def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput]
         "",
         "## Throughput",
         "",
-        "| backlog | slots | seconds | jobs/s |",
-        "|---:|---:|---:|---:|",
+        "*Fresh*: the backlog vacuumed and analyzed before the worker starts. "
+        + ("*Stale*: the tables analyzed while empty, then the backlog inserted, no "
+           "ANALYZE before or during the drain (a burst into a quiet queue). The two "
+           "runs of a cell alternate which goes first; jobs/s are medians of the runs. "
+           if stale else "")
+        + "Autovacuum is kept off the queue's tables during the runs.",
+        "",
+        "| backlog | slots | runs | fresh jobs/s |" + (" stale jobs/s | stale / fresh |"
+                                                      if stale else ""),
+        "|---:|---:|---:|---:|" + ("---:|---:|" if stale else ""),
     ]
-    for r in results:
-        lines.append(f"| {r.jobs:,} | {r.slots} | {r.seconds:.2f} | {r.rate:,.0f} |")
+    for cell in cells:
+        lines.append("| " + " | ".join(cell.row()) + " |")
     if latency is not None:
         lines += [
             "",
-            "## Pick-up latency (idle worker, single enqueues)",
+            f"## Pick-up latency (idle worker of {latency_slots} slots, single enqueues)",
             "",
             "| measured from | samples | p50 ms | p99 ms | max ms |",
             "|---|---:|---:|---:|---:|",
@@ -230,7 +283,7 @@ def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput]
         "",
         "## Method",
         "",
-        "- Throughput: the backlog is inserted and analyzed first; the clock runs from the "
+        "- Throughput: each run in a scratch database of its own; the clock runs from the "
         "worker's start (connections included) until the last outcome is written. Claims "
         "take every free slot in one call; outcomes are written many per statement, each "
         "row fenced by its claim token.",
@@ -242,8 +295,9 @@ def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput]
         "return (and from just before it was sent) to the task's first line, on one clock. "
         "The first five samples warm up and are not counted.",
         "",
-        "Reproduce: `akadze bench throughput --report benchmarks/throughput.md "
-        "--database-url postgresql://postgres@127.0.0.1:5432/postgres`.",
+        "Reproduce: `akadze bench throughput --stale-stats --report "
+        "benchmarks/throughput.md --database-url "
+        "postgresql://postgres@127.0.0.1:5432/postgres`.",
     ]
     path.write_text("\n".join(lines) + "\n")
 
@@ -251,8 +305,14 @@ def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput]
 @click.command("throughput")
 @click.option("--jobs", "sizes", multiple=True, type=click.IntRange(1),
               help="Backlog sizes to run (repeatable; default: 10000 and 100000).")
-@click.option("--slots", type=click.IntRange(1), default=1000, show_default=True,
-              help="Worker slots on the queue (jobs claimed per claim at most).")
+@click.option("--slots", "slot_counts", multiple=True, type=click.IntRange(1),
+              help="Worker slots on the queue, jobs claimed per claim at most "
+              "(repeatable; default: 20, 100 and 1000).")
+@click.option("--stale-stats", is_flag=True,
+              help="Also run every cell on stale statistics (tables analyzed while "
+              "empty, then the backlog, no ANALYZE), beside the fresh run.")
+@click.option("--repeat", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Runs per cell (and per statistics); the median is reported.")
 @click.option("--samples", type=click.IntRange(0), default=200, show_default=True,
               help="Single enqueues for the pick-up latency (0 skips it).")
 @click.option("--waiter-rounds", type=click.IntRange(0), default=3, show_default=True,
@@ -264,40 +324,56 @@ def write_report(path: Path, host: dict[str, str], results: Sequence[Throughput]
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Markdown report here.")
 @database_url_option
-def command(sizes: tuple[int, ...], slots: int, samples: int, waiter_rounds: int,
-            waiter_jobs: int, fan_out: int, report: Path | None,
+def command(sizes: tuple[int, ...], slot_counts: tuple[int, ...], stale_stats: bool,
+            repeat: int, samples: int, waiter_rounds: int, waiter_jobs: int, fan_out: int,
+            report: Path | None,
             database_url: str | None) -> None:
     """Jobs per second of one worker process, and enqueue-to-start latency."""
     url = resolve(database_url)
     sizes = sizes or (10_000, 100_000)
+    slot_counts = slot_counts or (20, 100, 1000)
     click.echo(f"benching on {describe(url)}")
-    results: list[Throughput] = []
+    cells: list[Cell] = []
     latency: Latency | None = None
+    with scratch_database(url, False) as scratch, connect(scratch) as conn:
+        host = host_details(conn)
+    for size in sizes:
+        for slots in slot_counts:
+            cell = Cell(size, slots, [], [])
+            for number in range(repeat):
+                kinds = (False, True) if stale_stats else (False,)
+                if stale_stats and (len(cells) + number) % 2:
+                    kinds = (True, False)
+                for stale in kinds:
+                    # a database of its own: statistics an earlier run left
+                    # (ANALYZE of an empty table keeps the old ones) cannot leak in
+                    with scratch_database(url, False) as scratch:
+                        result = asyncio.run(measure_throughput(scratch, size, slots, stale))
+                    (cell.stale if stale else cell.fresh).append(result)
+                    click.echo(f"{size} jobs, {slots} slots, "
+                               f"{'stale' if stale else 'fresh'}: {result.seconds:.2f} s, "
+                               f"{result.rate:,.0f} jobs/s")
+            cells.append(cell)
+    waiters = fan_in = None
     with scratch_database(url, False) as scratch:
-        with connect(scratch) as conn:
-            host = host_details(conn)
-        for size in sizes:
-            result = asyncio.run(measure_throughput(scratch, size, slots))
-            click.echo(f"{size} jobs: {result.seconds:.2f} s, {result.rate:,.0f} jobs/s")
-            results.append(result)
         if samples:
-            latency = asyncio.run(measure_latency(scratch, samples, slots))
-        waiters = fan_in = None
+            latency = asyncio.run(measure_latency(scratch, samples, slot_counts[0]))
         if waiter_rounds:
-            waiters = measure_waiters(scratch, waiter_jobs, slots, waiter_rounds)
+            waiters = measure_waiters(scratch, waiter_jobs, slot_counts[0], waiter_rounds)
             click.echo(f"one waiter per {WAITER_EVERY} jobs costs {waiters.cost:.1%} "
                        "of the median throughput")
         if fan_out:
-            fan_in = asyncio.run(measure_fan_in(scratch, fan_out, slots))
+            fan_in = asyncio.run(measure_fan_in(scratch, fan_out, slot_counts[0]))
             click.echo(f"fan-out of {fan_out}: the fan-in started "
                        f"{fan_in.to_fan_in_start:.2f} s after the worker")
-    print_table("throughput", ["backlog", "slots", "seconds", "jobs/s"],
-                [(f"{r.jobs:,}", str(r.slots), f"{r.seconds:.2f}", f"{r.rate:,.0f}")
-                 for r in results])
+    columns = ["backlog", "slots", "runs", "fresh jobs/s"]
+    if stale_stats:
+        columns += ["stale jobs/s", "stale / fresh"]
+    print_table("throughput", columns, [cell.row() for cell in cells])
     if latency is not None:
         print_table("pick-up latency", ["from", "samples", "p50 ms", "p99 ms", "max ms"],
                     [latency.row(latency.after_commit, "commit returned"),
                      latency.row(latency.before_commit, "commit sent")])
     if report is not None:
-        write_report(report, host, results, latency, waiters, fan_in)
+        write_report(report, host, cells, latency, slot_counts[0], waiters, fan_in)
         click.echo(f"report written to {report}")

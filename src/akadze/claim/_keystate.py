@@ -41,7 +41,8 @@ class KeyState:
 
     def started(self, rows: list[Row]) -> None:
         """The settings claim_start replaced (restored before the hooks run)."""
-        self.settings = {"plan_cache_mode": rows[0][0], "jit": rows[0][1]}
+        self.settings = {name: rows[0][number] for number, name in enumerate(
+            ("plan_cache_mode", "jit", "enable_seqscan", "enable_bitmapscan"))}
 
     def params(self, exclude: frozenset[str | None]) -> dict[str, object]:
         """The keys whose state a reading statement need not return again (the

@@ -9,6 +9,14 @@
 TRUNCATE akadze.jobs, akadze.job_dependencies, akadze.limits, akadze.start_marks,
     akadze.queue_pauses RESTART IDENTITY
 
+-- name: bench_stale_tables
+-- --stale-stats: autovacuum leaves the queue's tables alone in the bench's
+-- database, so that the statistics taken while the tables were empty stay
+-- stale for the whole run, as between two autovacuum runs of a busy cluster.
+ALTER TABLE akadze.jobs SET (autovacuum_enabled = false, toast.autovacuum_enabled = false);
+ALTER TABLE akadze.limits SET (autovacuum_enabled = false);
+ALTER TABLE akadze.start_marks SET (autovacuum_enabled = false)
+
 -- name: bench_insert_ready
 -- One segment of ready jobs, in queue order: row g (start <= g < stop) gets
 -- run_at = base + g ms, so g is also its place in the queue within a priority,

@@ -50,15 +50,23 @@ RETURNING
 -- rows, so nobody is counting them meanwhile). Pruning only the keys a claim
 -- starts keeps the effects of a claim independent of how much of the queue it
 -- happened to read, and bounds each key's marks by its own rate.
+--
+-- The ids are the only condition the planner may use to find rows: the others
+-- are one "(...) IS TRUE" test, which no index answers and which implies no
+-- partial index's predicate. Written as plain conditions, a table whose
+-- statistics were taken while it was empty estimated one queued row in the
+-- queue, and the plan walked jobs_ready_key_idx over the whole queue filtering
+-- by id (230 ms at 100 000 rows) instead of probing the primary key 20 times.
 WITH picked AS (
     SELECT j.id
     FROM akadze.jobs j
     WHERE j.id = ANY (%(ids)b::bigint[])
-      AND j.queue = %(queue)s
-      AND j.state = 'queued'
-      AND j.run_at <= COALESCE(%(now)s::timestamptz, now())
-      AND NOT j.cancel_requested
-      AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
+      AND (j.queue = %(queue)s
+           AND j.state = 'queued'
+           AND j.run_at <= COALESCE(%(now)s::timestamptz, now())
+           AND NOT j.cancel_requested
+           AND (j.expires_at IS NULL
+                OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))) IS TRUE
     FOR UPDATE SKIP LOCKED
 ),
 taken AS (
@@ -150,6 +158,13 @@ WITH candidates AS (
 -- excluded keys is large). CASE evaluates the probes only where needed. What is
 -- returned stays a prefix of the queue; `scanned` (on every entry) lets the
 -- caller tell a cut window from the end of the queue.
+--
+-- Each correlated EXISTS ends in OFFSET 0, which keeps it a probe per entry
+-- (an index probe of limits_pkey or jobs_running_key_idx). Without it the
+-- planner may hash the subquery instead, reading every limits row or every
+-- running job of the key index once per statement, and it chooses between the
+-- two by its estimate of the rows: on statistics taken while the queue was
+-- empty it hashed (1 000 running jobs read for a window of 40).
 , firsts AS (
     SELECT c.id, c.priority, c.run_at, c.limit_key,
            row_number() OVER (PARTITION BY c.limit_key
@@ -161,7 +176,8 @@ WITH candidates AS (
            CASE WHEN %(need)s::int IS NULL THEN false
                 WHEN NOT %(fair)s THEN
                     c.limit_key IS NULL
-                    OR NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key)
+                    OR NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key
+                                   OFFSET 0)
                 WHEN NOT c.first THEN false
                 WHEN c.limit_key IS NULL THEN
                     NOT %(known_null)s
@@ -170,10 +186,12 @@ WITH candidates AS (
                                       AND r.queue = %(queue)s)
                 ELSE
                     c.limit_key NOT IN (SELECT unnest(%(known)b::text[]))
-                    AND NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key)
+                    AND NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key
+                                    OFFSET 0)
                     AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
                                     WHERE r.state = 'running' AND r.limit_key = c.limit_key
-                                      AND r.queue = %(queue)s)
+                                      AND r.queue = %(queue)s
+                                    OFFSET 0)
            END AS free
     FROM firsts c
 )
@@ -362,15 +380,19 @@ FOR NO KEY UPDATE OF l
 -- claims and set_limit, but not the FOR KEY SHARE that an open transaction
 -- which queued a job of the key holds (migration 0005); FOR UPDATE would make
 -- such a key look held by another claim until that transaction ends.
--- (IN (SELECT unnest(..)) rather than = ANY (..): see claim_limit_counts.)
+-- Per listed key, a probe of limits_pkey and a lock attempt on that row
+-- (LATERAL): the cost follows the keys listed, never the size of the limits
+-- table (written as IN (SELECT unnest(..)), the plan hashed the keys and read
+-- every limits row, twice). The keys are distinct.
 SELECT l.key, (mine.key IS NOT NULL) AS locked
-FROM akadze.limits l
-LEFT JOIN (
+FROM unnest(%(keys)b::text[]) AS k(key)
+CROSS JOIN LATERAL (
+    SELECT x.key FROM akadze.limits x WHERE x.key = k.key OFFSET 0) l
+LEFT JOIN LATERAL (
     SELECT x.key FROM akadze.limits x
-    WHERE x.key IN (SELECT unnest(%(keys)b::text[]))
+    WHERE x.key = k.key
     FOR NO KEY UPDATE SKIP LOCKED
-) mine ON mine.key = l.key
-WHERE l.key IN (SELECT unnest(%(keys)b::text[]))
+) mine ON true
 
 -- name: claim_counts
 -- Runs as a NEW statement after the locks of claim_lock(_first) were granted:
@@ -425,32 +447,45 @@ WHERE j.full
 -- trip right after claim_start, so that a claim that takes nothing (an idle
 -- worker's poll, a queue whose keys are all at their limit) ends after one
 -- round trip. The windows that follow in the same transaction no longer see
--- the swept rows. Bounded and SKIP LOCKED, as claim_cancel_due. The candidates
--- come from the two partial indexes of migration 0002, one arm each, spelled
--- out: in a generic plan the single OR condition of claim_cancel_due was
--- answered by walking the primary key in id order over the whole table (18 ms
--- at 100 000 rows instead of two index probes). A paused queue sweeps nothing.
-WITH doomed AS (
+-- the swept rows. Bounded and SKIP LOCKED, as claim_cancel_due. A paused queue
+-- sweeps nothing.
+--
+-- Its plan cannot depend on the statistics: the candidates come from the two
+-- partial indexes of migration 0002, one arm each whose conditions are their
+-- predicates exactly (state = 'queued' AND cancel_requested; AND expires_at IS
+-- NOT NULL) with the queue and time as index conditions; the first 500 ids of
+-- their union are then locked and re-checked one by one through the primary
+-- key (LATERAL). Nothing else in the statement can drive a scan of the table:
+-- the re-check is one "(...) IS TRUE" test. Written as one query over jobs,
+-- a generic plan once walked the primary key in id order over the whole table
+-- (18 ms at 100 000 rows), and on a table analyzed while empty it walked
+-- jobs_ready_key_idx over the whole queue (100-180 ms) to find nothing.
+WITH candidates AS (
+    SELECT d.id FROM akadze.jobs d
+    WHERE d.queue = %(queue)s AND d.state = 'queued' AND d.cancel_requested
+      AND d.run_at <= COALESCE(%(now)s::timestamptz, now())
+    UNION
+    SELECT d.id FROM akadze.jobs d
+    WHERE d.queue = %(queue)s AND d.state = 'queued' AND d.expires_at IS NOT NULL
+      AND d.expires_at <= COALESCE(%(now)s::timestamptz, now())
+),
+doomed AS (
     SELECT j.id
-    FROM akadze.jobs j
-    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
-      AND j.id IN (
-          SELECT d.id FROM akadze.jobs d
-          WHERE d.queue = %(queue)s AND d.state = 'queued' AND d.cancel_requested
-            AND d.run_at <= COALESCE(%(now)s::timestamptz, now())
-          UNION ALL
-          SELECT d.id FROM akadze.jobs d
-          WHERE d.queue = %(queue)s AND d.state = 'queued' AND d.expires_at IS NOT NULL
-            AND d.expires_at <= COALESCE(%(now)s::timestamptz, now())
-            AND d.run_at <= COALESCE(%(now)s::timestamptz, now()))
-      AND j.queue = %(queue)s
-      AND j.state = 'queued'
-      AND j.run_at <= COALESCE(%(now)s::timestamptz, now())
-      AND (j.cancel_requested OR j.expires_at <= COALESCE(%(now)s::timestamptz, now()))
-      AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))
-    ORDER BY j.id
-    LIMIT 500
-    FOR UPDATE OF j SKIP LOCKED
+    FROM (SELECT c.id FROM candidates c
+          WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+          ORDER BY c.id
+          LIMIT 500) c
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM akadze.jobs j
+        WHERE j.id = c.id
+          AND (j.queue = %(queue)s
+               AND j.state = 'queued'
+               AND j.run_at <= COALESCE(%(now)s::timestamptz, now())
+               AND (j.cancel_requested
+                    OR j.expires_at <= COALESCE(%(now)s::timestamptz, now()))
+               AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))) IS TRUE
+        FOR UPDATE SKIP LOCKED
+    ) j
 )
 UPDATE akadze.jobs j
 SET state = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz, now())
@@ -481,9 +516,23 @@ RETURNING
 -- which a generic plan searches linearly per row), and "id = ANY($ids)" is an
 -- index scan. Also no JIT: on a queue of a million rows a generic plan's
 -- estimated cost passes jit_above_cost, and compiling cost ~25 ms for a
--- statement that runs in well under one. Returns the settings it replaces
--- (restored before the hooks run). The lock comes first: the settings are
--- read and changed once the queue is ours.
+-- statement that runs in well under one.
+--
+-- And no sequential or bitmap scans: the claim's statements are written so that
+-- each relation is reached through one index path (the ready indexes, the
+-- primary key, the running-job indexes, the limits' primary key), bounded by
+-- the window or by the ids given. Their generic plans are made once per
+-- connection, with whatever statistics the table has then: taken while the
+-- queue was empty (a burst into a quiet queue), at a thousand rows before a
+-- million, or after a mass completion left it mostly dead. With estimates that
+-- wrong, the cost model alone chose a sequential scan of the limits table per
+-- key met, or a bitmap scan of a whole ready index, where a probe per row was
+-- meant (docs/explanation/claim.md, "Plans that cannot go wrong"). Turned off
+-- here they are not forbidden, only priced out: a statement with no other path
+-- still runs.
+--
+-- Returns the settings it replaces (restored before the hooks run). The lock
+-- comes first: the settings are read and changed once the queue is ours.
 --
 -- synchronous_commit for this transaction only (a worker's claims do not wait
 -- for the WAL flush unless durable_claims): set here, local to the transaction,
@@ -492,8 +541,12 @@ RETURNING
 -- COMMIT uses.
 SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
        current_setting('jit') AS jit,
+       current_setting('enable_seqscan') AS enable_seqscan,
+       current_setting('enable_bitmapscan') AS enable_bitmapscan,
        set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('jit', 'off', true),
+       set_config('enable_seqscan', 'off', true),
+       set_config('enable_bitmapscan', 'off', true),
        set_config('synchronous_commit',
                   coalesce(%(synchronous_commit)s::text,
                            current_setting('synchronous_commit')), true)
@@ -501,7 +554,9 @@ FROM (SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))) AS turn
 
 -- name: claim_plan_restore
 SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
-       set_config('jit', %(jit)s, true)
+       set_config('jit', %(jit)s, true),
+       set_config('enable_seqscan', %(enable_seqscan)s, true),
+       set_config('enable_bitmapscan', %(enable_bitmapscan)s, true)
 
 -- fragment: claim_entries_with_state
 -- The end of claim_window and claim_group_rows, after their CTE `kept` (the
@@ -557,7 +612,13 @@ FROM (
                       WHERE r.state = 'running' AND r.limit_key = m.limit_key
                         AND r.queue = %(queue)s) END AS busy
     FROM met m
-    LEFT JOIN akadze.limits l ON l.key = m.limit_key
+    -- A probe of limits_pkey per key met (LATERAL, OFFSET 0): joined plainly,
+    -- the plan hashed the whole limits table at every window, a thousand
+    -- rows read to look up forty keys.
+    LEFT JOIN LATERAL (
+        SELECT x.key, x.max_running, x.max_starts, x."window" FROM akadze.limits x
+        WHERE x.key = m.limit_key
+        OFFSET 0) l ON true
     WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
     -- OFFSET 0 keeps this subquery whole: inlined, each busy count ran twice
     -- (once for the WHERE below, once for its column), 1 ms of a 4 ms window of
@@ -584,7 +645,10 @@ FROM akadze.limits l
 -- IN (SELECT ..), not = ANY (..): a generic plan searches an array parameter
 -- linearly for every row (quadratic for a claim that counts a thousand
 -- remembered keys); the subquery is hashed once. `keys` is a jsonb array (see
--- claim_window on skip_keys).
+-- claim_window on skip_keys). Hashed, the whole limits table is read (about
+-- 0.1 us a row); a probe of limits_pkey per key (LATERAL) was tried and read
+-- three times the buffers for "1 000 keys at their limit", where the keys
+-- counted are most of the limits rows, as they are whenever many are counted.
 WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 
 -- fragment: claim_window_candidates

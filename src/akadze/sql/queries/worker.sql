@@ -94,6 +94,24 @@ j.state = 'running'
 AND (j.claim_token = f.claim_token
      OR (j.claim_token IS NULL AND f.claim_token IS NULL AND j.run_count = f.run_count))
 
+-- fragment: outcome_rows
+-- The rows an outcome write changes, after its `unnest(...) AS f(id, claim_token,
+-- run_count, ...)`, fenced as run_fence says (the same test, written out here): found by id through the primary key, whatever the table's statistics
+-- say. "j.id = ANY (ids)" hands the planner the ids themselves (an index
+-- condition on jobs_pkey, with the array's real length in these statements'
+-- custom plans); the fence is one "(...) IS TRUE" test, which no index answers
+-- and which implies no partial index's predicate. Written as a plain
+-- "j.state = 'running'", a table whose statistics were taken while nothing
+-- ran estimated one running row, and the plan could read the whole of a
+-- running-job index and join it by hash (docs/explanation/claim.md, "Plans that
+-- cannot go wrong").
+WHERE j.id = ANY (%(ids)s::bigint[])
+  AND j.id = f.id
+  AND (j.state = 'running'
+       AND (j.claim_token = f.claim_token
+            OR (j.claim_token IS NULL AND f.claim_token IS NULL
+                AND j.run_count = f.run_count))) IS TRUE
+
 -- name: finish_jobs
 -- Many run outcomes in one statement, one array element per job. Each row is
 -- fenced (run_fence). Rows that fail the fence are simply absent from RETURNING.
@@ -115,8 +133,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(run_counts)s::integer[],
             %(states)s::akadze.job_state[], %(attempt_deltas)s::integer[],
             %(delays)s::float8[], %(results)s::text[], %(errors)s::text[])
      AS f(id, claim_token, run_count, state, attempt_delta, delay, result, error)
-WHERE j.id = f.id AND
--- include: run_fence
+-- include: outcome_rows
 RETURNING j.id;
 
 -- name: give_back_jobs
@@ -137,6 +154,7 @@ WITH f AS (
                 %(errors)s::text[])
          AS f(id, claim_token, run_count, error)
     JOIN akadze.jobs AS j ON j.id = f.id
+    WHERE j.id = ANY (%(ids)s::bigint[])
 )
 UPDATE akadze.jobs AS j
 SET state = CASE WHEN f.spent AND j.attempt >= j.max_attempts
@@ -151,8 +169,7 @@ SET state = CASE WHEN f.spent AND j.attempt >= j.max_attempts
         ELSE jsonb_build_object('spent', false) END),
     worker_id = NULL
 FROM f
-WHERE j.id = f.id AND
--- include: run_fence
+-- include: outcome_rows
 RETURNING j.id, j.state;
 
 -- name: finish_succeeded
@@ -165,8 +182,7 @@ SET state = 'succeeded',
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(run_counts)s::integer[],
             %(results)s::text[])
      AS f(id, claim_token, run_count, result)
-WHERE j.id = f.id AND
--- include: run_fence
+-- include: outcome_rows
 RETURNING j.id;
 
 -- name: finish_one
@@ -193,22 +209,71 @@ RETURNING j.id;
 -- run_count and claim token), and the token is cleared: the rescued run is fenced
 -- out even before the job is claimed again, and a worker that checks its runs after
 -- reconnecting (worker_runs_lost) sees that it lost this one.
-WITH dead AS (
+--
+-- Bounded by what is lost, not by what runs: every maintenance tick of every
+-- worker runs this, and a test on "running jobs whose worker has no row" read
+-- every running job of the cluster (all of jobs_running_worker_idx). Instead
+-- the workers that hold running jobs are listed by a skip scan of that index
+-- (one probe per distinct worker_id, `holders`), and only the jobs of the
+-- dead and the missing ones are read, each through the same index. The rows
+-- are then locked one by one through the primary key (LATERAL) and re-checked
+-- there by one "(...) IS TRUE" test (still running, for the same worker), which
+-- no index answers: nothing in the statement can make the plan walk the table,
+-- whatever its statistics say (docs/explanation/claim.md, "Plans that cannot
+-- go wrong").
+WITH RECURSIVE dead AS (
     DELETE FROM akadze.workers AS w
     WHERE w.heartbeat_at + w.lease < coalesce(%(now)s::timestamptz, now())
     RETURNING w.id
+), holders AS (
+    (SELECT r.worker_id FROM akadze.jobs AS r
+     WHERE r.state = 'running' AND r.worker_id IS NOT NULL
+     ORDER BY r.worker_id
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.worker_id FROM akadze.jobs AS r
+            WHERE r.state = 'running' AND r.worker_id > h.worker_id
+            ORDER BY r.worker_id
+            LIMIT 1)
+    FROM holders AS h
+    WHERE h.worker_id IS NOT NULL
+), candidates AS (
+    -- The running jobs of the workers deleted just now (their rows are still
+    -- visible to the rest of this statement, so the next arm skips them).
+    SELECT r.id, r.worker_id
+    FROM dead AS d
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.worker_id FROM akadze.jobs AS r
+        WHERE r.state = 'running' AND r.worker_id = d.id
+        -- OFFSET 0: a probe per dead worker; pulled up, the arm was planned as
+        -- a hash join that read every running job of the cluster.
+        OFFSET 0) AS r
+    UNION ALL
+    -- Those of workers with no row, once started longer than orphan_grace ago.
+    SELECT r.id, r.worker_id
+    FROM holders AS h
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.worker_id FROM akadze.jobs AS r
+        WHERE r.state = 'running' AND r.worker_id = h.worker_id
+          AND r.started_at < coalesce(%(now)s::timestamptz, now())
+                             - %(orphan_grace)s * interval '1 second'
+        OFFSET 0) AS r
+    WHERE h.worker_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM akadze.workers AS w WHERE w.id = h.worker_id)
+    UNION ALL
+    -- And running jobs without a worker (never registered), as orphans.
+    SELECT r.id, r.worker_id FROM akadze.jobs AS r
+    WHERE r.state = 'running' AND r.worker_id IS NULL
+      AND r.started_at < coalesce(%(now)s::timestamptz, now())
+                         - %(orphan_grace)s * interval '1 second'
 ), lost AS (
     SELECT j.id
-    FROM akadze.jobs AS j
-    WHERE j.state = 'running'
-      AND (
-          j.worker_id IN (SELECT d.id FROM dead AS d)
-          OR (
-              j.started_at < coalesce(%(now)s::timestamptz, now()) - %(orphan_grace)s * interval '1 second'
-              AND NOT EXISTS (SELECT 1 FROM akadze.workers AS w WHERE w.id = j.worker_id)
-          )
-      )
-    FOR UPDATE SKIP LOCKED
+    FROM candidates AS c
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM akadze.jobs AS j
+        WHERE j.id = c.id
+          AND (j.state = 'running' AND j.worker_id IS NOT DISTINCT FROM c.worker_id) IS TRUE
+        FOR UPDATE SKIP LOCKED) AS j
 )
 UPDATE akadze.jobs AS j
 SET state = CASE WHEN j.attempt >= j.max_attempts
@@ -226,8 +291,10 @@ SET state = CASE WHEN j.attempt >= j.max_attempts
         'claim_token', j.claim_token::text)),
     worker_id = NULL,
     claim_token = NULL
-FROM lost
-WHERE j.id = lost.id
+-- The ids as one array (an InitPlan): an index condition on jobs_pkey. Joined to
+-- `lost` instead, a table analyzed while nothing ran was updated through a
+-- sequential scan and a hash join.
+WHERE j.id = ANY (ARRAY(SELECT lost.id FROM lost))
 RETURNING
 -- include: job_columns
 , j.state;

@@ -1,0 +1,299 @@
+"""Plans that cannot go wrong: on tables whose statistics are stale, every statement
+of the claim, the outcome writes, the sweep and the rescue reach the rows they are
+meant to reach through the index paths they were written for.
+
+The plans are the ones the server really runs: auto_explain (at NOTICE level, with
+ANALYZE) reports every statement the public calls send, with their parameters and
+their generic or custom plans, and each plan is checked:
+
+- no sequential or bitmap heap scan of ``akadze.jobs`` (an outcome write may use a
+  bitmap of the primary key: that reads the ids given and nothing else);
+- no statement of a claim reads more rows of ``akadze.jobs`` (index entries
+  returned or filtered out, heap rows fetched) than the same statement of the same
+  claim on the same tables analyzed (a quarter more, and a few rows), nor
+  half the queue: the windows and the rows named, never the index or the
+  table behind them; the outcome writes and the rescue read a bounded few rows
+  per job they change, however many jobs there are.
+
+"Stale" is each of: analyzed while empty, then the burst; analyzed at 1 % of the
+burst; analyzed full, then most of the queue finished (a mass completion: the
+statistics describe a queue that is gone, and the table is mostly dead).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from akadze import Akadze, outcomes
+from akadze.bench import claim_scenarios as cs
+from akadze.bench import queries as bench_queries
+from akadze.claim import claim
+from akadze.jobs import ClaimedJob, JobState
+from akadze.worker._finishes import write
+from akadze.worker._maintenance import rescue_expired
+
+READY = 10_000
+STALE = ("empty", "small", "finished")
+
+Conn = psycopg.Connection[Any]
+Plan = dict[str, Any]
+
+
+@contextmanager
+def explained(conn: Conn | psycopg.AsyncConnection[Any]) -> Iterator[list[Plan]]:
+    """Collect the plan (with actual rows) of every top-level statement run on
+    ``conn`` meanwhile."""
+    plans: list[Plan] = []
+
+    def noticed(diag: psycopg.errors.Diagnostic) -> None:
+        text = diag.message_primary or ""
+        if text.startswith("duration:") and "{" in text:
+            plans.append(json.loads(text[text.index("{"):]))
+
+    conn.add_notice_handler(noticed)
+    try:
+        yield plans
+    finally:
+        conn.remove_notice_handler(noticed)
+
+
+AUTO_EXPLAIN = (
+    "LOAD 'auto_explain'",
+    "SET auto_explain.log_min_duration = 0",
+    "SET auto_explain.log_analyze = on",
+    "SET auto_explain.log_timing = off",
+    "SET auto_explain.log_format = json",
+    "SET auto_explain.log_level = notice",
+)
+
+
+def _nodes(node: Plan) -> Iterator[Plan]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _read(node: Plan) -> float:
+    loops = node.get("Actual Loops", 1)
+    return loops * (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+                    + node.get("Rows Removed by Index Recheck", 0))
+
+
+def reads(plan: Plan) -> float:
+    """Rows of akadze.jobs the statement read: index entries returned or filtered
+    out, heap rows fetched (a bitmap heap scan's rows are its index scan's)."""
+    return sum(_read(node) for node in _nodes(plan["Plan"])
+               if (node.get("Relation Name") == "jobs"
+                   or node.get("Index Name", "").startswith("jobs_"))
+               and node["Node Type"] not in ("Bitmap Heap Scan", "ModifyTable"))
+
+
+def faults(plan: Plan, bound: float, *, bitmap_pkey: bool = False) -> list[str]:
+    """What is wrong with one statement's plan (nothing: an empty list)."""
+    found = []
+    for node in _nodes(plan["Plan"]):
+        kind, index = node["Node Type"], node.get("Index Name", "")
+        if node.get("Relation Name") != "jobs" and not index.startswith("jobs_"):
+            continue
+        if kind == "Seq Scan" or kind.startswith("Tid"):
+            found.append(f"{kind} on jobs")
+        if kind == "Bitmap Index Scan" and not (bitmap_pkey and index == "jobs_pkey"):
+            found.append(f"bitmap scan of {index}")
+    if (read := reads(plan)) > bound:
+        found.append(f"reads {read:.0f} rows of jobs (bound {bound:.0f})")
+    return found
+
+
+def _check(plans: list[Plan], bounds: list[float], **how: bool) -> None:
+    bad = [(plan, fault) for plan, bound in zip(plans, bounds, strict=True)
+           if (fault := faults(plan, bound, **how))]
+    assert not bad, "\n\n".join(f"{plan['Query Text'][:300]}\n  -> {fault}\n{_debug(plan)}"
+                                 for plan, fault in bad)
+
+
+def _make_stale(conn: Conn, stale: str, scenario: cs.Scenario) -> None:
+    """Build ``scenario`` at READY jobs with statistics that do not describe it."""
+    cs.stale_tables(conn)
+    if stale == "empty":
+        cs.build(conn, scenario, READY, stale=True)
+    elif stale == "small":
+        cs.build(conn, scenario, READY // 100)  # analyzed at 200 jobs
+        _burst_again(conn, scenario)
+    else:
+        cs.build(conn, scenario, READY * 2)  # analyzed with every job queued
+        # A mass completion: the first half of the queue (in queue order) ends.
+        conn.execute("""
+            UPDATE akadze.jobs SET state = 'succeeded', finished_at = now()
+            WHERE state = 'queued' AND id IN (
+                SELECT id FROM akadze.jobs WHERE state = 'queued'
+                ORDER BY priority DESC, run_at, id LIMIT %(n)s)""", {"n": READY})
+
+
+def _burst_again(conn: Conn, scenario: cs.Scenario) -> None:
+    """Add the scenario's READY jobs again after the small build, without ANALYZE
+    (the limits and running rows of the small build stay)."""
+    start = 0
+    segments = scenario.segments(READY)
+    base = datetime(2026, 1, 2, tzinfo=UTC)
+    for number, seg in enumerate(segments):
+        stop = READY if number == len(segments) - 1 else start + round(seg.share * READY)
+        conn.execute(bench_queries.get("bench_insert_ready"), {
+            "queue": cs.QUEUE, "priority": seg.priority, "base": base, "keys": seg.keys,
+            "prefix": seg.prefix, "block": seg.block, "start": start, "stop": stop})
+        start = stop
+
+
+def _claims(conn: Conn, order: str, times: int) -> list[ClaimedJob]:
+    got: list[ClaimedJob] = []
+    for _ in range(times):
+        got += claim(conn, queue=cs.QUEUE, slots=cs.SLOTS, fair=order == "fair",
+                     worker_id="plans")
+    return got
+
+
+def _claim_plans(database_url: str, scenario: cs.Scenario, stale: str,
+                 fresh: bool) -> list[list[Plan]]:
+    """Build the scenario with stale statistics (or, ``fresh``, the same tables
+    analyzed), then claim on a new connection, as a worker starts: its first
+    claim makes the generic plans. The plans of each order's claims."""
+    found = []
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        _make_stale(conn, stale, scenario)
+        # due cancel-requested and expired jobs for the sweep to meet
+        conn.execute("""
+            UPDATE akadze.jobs SET cancel_requested = true
+            WHERE id IN (SELECT id FROM akadze.jobs WHERE state = 'queued'
+                         ORDER BY id DESC LIMIT 5)""")
+        conn.execute("""
+            UPDATE akadze.jobs SET expires_at = now() - interval '1 minute'
+            WHERE id IN (SELECT id FROM akadze.jobs WHERE state = 'queued'
+                         AND NOT cancel_requested ORDER BY id DESC LIMIT 5)""")
+        if fresh:
+            conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for statement in AUTO_EXPLAIN:
+            conn.execute(statement)
+        for order in scenario.orders:
+            with explained(conn) as plans:
+                _claims(conn, order, 3)
+            found.append(plans)
+        swept = conn.execute(
+            "SELECT count(*) FROM akadze.jobs WHERE state = 'cancelled'").fetchone()
+        assert swept is not None and swept[0] == 10, "the sweep ran"
+    return found
+
+
+CASES = [(scenario, "empty") for scenario in cs.SCENARIOS] + [
+    (scenario, stale) for scenario in cs.SCENARIOS for stale in ("small", "finished")
+    if scenario.name in ("at-limit-then-free", "busy-groups", "half-one-key")]
+
+
+@pytest.mark.parametrize(("scenario", "stale"), CASES,
+                         ids=[f"{sc.name}-{stale}" for sc, stale in CASES])
+def test_claim_plans_on_stale_statistics(
+    database_url: str, scenario: cs.Scenario, stale: str
+) -> None:
+    """Every statement of the claim on stale statistics reads no more of the queue
+    than the same statement on fresh ones: the window and the rows it names, not
+    the index or the table behind them."""
+    fresh = _claim_plans(database_url, scenario, stale, fresh=True)
+    stale_plans = _claim_plans(database_url, scenario, stale, fresh=False)
+    for good, plans in zip(fresh, stale_plans, strict=True):
+        assert [p["Query Text"] for p in plans] == [p["Query Text"] for p in good]
+        # the same statements in the same order (same queue, same decisions)
+        assert any("FOR UPDATE SKIP LOCKED" in p["Query Text"] for p in plans)
+        _check(plans, [min(READY / 2, 1.25 * reads(p) + 64) for p in good])
+
+
+@pytest.mark.parametrize("stale", ("empty", "finished"))
+async def test_outcome_and_rescue_plans_on_stale_statistics(
+    database_url: str, stale: str
+) -> None:
+    scenario = next(s for s in cs.SCENARIOS if s.name == "at-limit-then-free")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        _make_stale(conn, stale, scenario)
+        # Many running jobs of live workers (what rescue must not read), and
+        # some of a worker whose lease expired (what it must take back).
+        conn.execute("""
+            INSERT INTO akadze.workers (id, host, pid, queues, lease, started_at,
+                                        heartbeat_at)
+            SELECT 'live' || w, 'h', w, '{bench}'::text[], interval '1 hour', now(), now()
+            FROM generate_series(0, 9) w
+            UNION ALL
+            SELECT 'bench-busy', 'h', 98, '{bench}', interval '1 hour', now(), now()
+            UNION ALL
+            SELECT 'dead', 'h', 99, '{bench}', interval '1 second',
+                   now() - interval '1 hour', now() - interval '1 hour'""")
+        conn.execute("""
+            INSERT INTO akadze.jobs (queue, task, state, run_count, attempt, worker_id,
+                                     started_at, run_at)
+            SELECT 'bench', 'bench', 'running', 1, 1,
+                   CASE WHEN g <= 30 THEN 'dead' ELSE 'live' || (g % 10) END,
+                   now(), now()
+            FROM generate_series(1, 3000) g""")
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as aconn:
+        for statement in AUTO_EXPLAIN:
+            await aconn.execute(statement)
+        jobs = await claim(aconn, queue=cs.QUEUE, slots=60, worker_id="live0")
+        assert len(jobs) == 60
+        now = datetime.now(UTC)
+        succeeded = [outcomes.Finish(j, outcomes.SUCCEEDED, JobState.SUCCEEDED, result="1")
+                     for j in jobs[:20]]
+        mixed = [outcomes.Finish(j, outcomes.RETRIED, JobState.QUEUED, delay=60.0,
+                                 error=json.dumps({"error": "E", "attempt": 1}))
+                 for j in jobs[20:30]]
+        mixed += [outcomes.Finish(j, outcomes.SUCCEEDED, JobState.SUCCEEDED, result="2")
+                  for j in jobs[30:40]]
+        given = [outcomes.given_back(j, now, "shutdown") for j in jobs[40:60]]
+        with explained(aconn) as plans:
+            assert await write(aconn, succeeded) == {j.id for j in jobs[:20]}
+            assert await write(aconn, mixed) == {j.id for j in jobs[20:40]}
+            assert await write(aconn, given) == {j.id for j in jobs[40:60]}
+        assert len(plans) >= 3
+        _check(plans, [3 * 20 + 16] * len(plans), bitmap_pkey=True)
+        with explained(aconn) as plans:
+            rescued = await rescue_expired(aconn, None, orphan_grace=3600)
+        assert len(rescued) == 30
+        # 4 000 running jobs: the rescue reads a probe per worker (12) and the
+        # dead worker's 30 jobs three times (found, locked, updated)
+        _check(plans, [4 * 30 + 40] * len(plans), bitmap_pkey=True)
+
+
+def _debug(plan: Plan) -> str:
+    return "\n".join(f"{n['Node Type']} {n.get('Index Name', n.get('Relation Name', ''))} "
+                     f"read={_read(n):.0f} loops={n.get('Actual Loops')}"
+                     for n in _nodes(plan["Plan"]) if n.get("Relation Name") or n.get("Index Name"))
+
+
+def test_claim_settings_are_the_callers_again_in_hooks(app: Akadze, database_url: str) -> None:
+    """The claim's plan settings (generic plans, no JIT, no sequential or bitmap
+    scans) live in its own transaction only and are the caller's again before a
+    transition hook runs in that transaction; after it, the session's are."""
+    seen: list[tuple[str, ...]] = []
+
+    @app.on_transition
+    def look(conn: Conn, job: ClaimedJob, from_state: str, to_state: str) -> None:
+        row = conn.execute(
+            "SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan'),"
+            " current_setting('plan_cache_mode'), current_setting('jit')").fetchone()
+        assert row is not None
+        seen.append(tuple(row))
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO akadze.jobs (queue, task) VALUES ('q', 't'), ('q', 't')")
+        conn.execute("SET plan_cache_mode = force_custom_plan")
+        conn.execute("SET enable_bitmapscan = off")
+        got = claim(conn, queue="q", slots=2, worker_id="w", app=app)
+        assert len(got) == 2
+        after = conn.execute(
+            "SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan'),"
+            " current_setting('plan_cache_mode'), current_setting('jit')").fetchone()
+    assert seen == [("on", "off", "force_custom_plan", "on")] * 2
+    assert after == ("on", "off", "force_custom_plan", "on")
