@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from test_worker_support import eventually
+from worker_support import eventually
 
 from akadze import Akadze, AkadzeError, JobState, Worker, current, get_job_sync
 from akadze.metrics import render_sync

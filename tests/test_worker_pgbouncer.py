@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import Events, eventually, insert_job, wait_state
+from worker_support import Events, eventually, insert_job, wait_state
 
 from akadze import Akadze, Worker, current
 from akadze.bench import queries as harness

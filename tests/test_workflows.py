@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_worker_support import wait_state
+from worker_support import wait_state
 
 from akadze import (
     Akadze,
