@@ -1,7 +1,7 @@
 -- Queries of `akadze bench limits-busy` (akadze.bench.limits_busy).
 
 -- name: limits_busy_reset
-TRUNCATE akadze.jobs, akadze.workers, akadze.limits, akadze.start_marks
+TRUNCATE akadze.jobs, akadze.job_dependencies, akadze.workers, akadze.limits, akadze.start_marks
 
 -- name: limits_busy_insert
 -- %(count)s jobs of task %(task)s, the i-th of key %(prefix)s || (i %% %(keys)s):
