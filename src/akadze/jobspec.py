@@ -227,21 +227,25 @@ def check_moment(value: object, field: str, where: str = "") -> datetime:
     return value
 
 
+def _duration(value: object, name: str, where: str) -> timedelta:
+    """``value`` (a timedelta, or a finite number of seconds) as a timedelta; the
+    option ``name`` is refused otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
+        raise _refuse(where, f"{name} must be a timedelta or a number of seconds, got "
+                      f"{type(value).__name__}", name)
+    if isinstance(value, timedelta):
+        return value
+    if not math.isfinite(value):
+        raise _refuse(where, f"{name} must be finite, got {value}", name)
+    try:
+        return timedelta(seconds=value)
+    except OverflowError:
+        raise _refuse(where, f"{name} is too large", name) from None
+
+
 def check_delay(value: object, now: datetime, where: str = "") -> timedelta:
     """A non-negative timedelta (or number of seconds) that keeps run_at representable."""
-    if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
-        raise _refuse(
-            where,
-            f"delay must be a timedelta or a number of seconds, got {type(value).__name__}",
-            "delay",
-        )
-    if not isinstance(value, timedelta):
-        if not math.isfinite(value):
-            raise _refuse(where, f"delay must be finite, got {value}", "delay")
-        try:
-            value = timedelta(seconds=value)
-        except OverflowError:
-            raise _refuse(where, "delay is too large", "delay") from None
+    value = _duration(value, "delay", where)
     if value < _NO_DELAY:
         raise _refuse(where, f"delay must not be negative, got {value}", "delay")
     try:
@@ -331,16 +335,7 @@ def check_choice(value: object, field: str, choices: tuple[str, ...], where: str
 
 def check_period(value: object, where: str = "") -> timedelta:
     """unique_for: a positive timedelta or number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
-        raise _refuse(where, "unique_for must be a timedelta or a number of seconds, got "
-                      f"{type(value).__name__}", "unique_for")
-    if not isinstance(value, timedelta):
-        if not math.isfinite(value):
-            raise _refuse(where, f"unique_for must be finite, got {value}", "unique_for")
-        try:
-            value = timedelta(seconds=value)
-        except OverflowError:
-            raise _refuse(where, "unique_for is too large", "unique_for") from None
+    value = _duration(value, "unique_for", where)
     if value <= _NO_DELAY:
         raise _refuse(where, f"unique_for must be positive, got {value}", "unique_for")
     if value > timedelta(days=36_500):
