@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from akadze import queries
 from akadze.claim import claim
@@ -22,7 +23,7 @@ RETURNING_JOBS = {
     "claim_cancel_due": {"queue": "none", "now": None, "tasks": None},
     "claim_sweep": {"queue": "none", "now": None, "tasks": None},
     "claim_take": {"queue": "none", "now": None, "tasks": None, "ids": [],
-                   "worker_id": "w"},
+                   "worker_id": "w", "need": Jsonb({})},
     "worker_running_in_queue": {"worker_id": "none", "queue": "none"},
     "job_lock": {"id": 0},
     "job_for_cancel": {"id": 0},

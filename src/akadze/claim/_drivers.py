@@ -63,14 +63,13 @@ def _run_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None) -
     _check_idle(conn.info.transaction_status)
     # Pipeline mode: statements are sent as they come and a round trip happens
     # only when a result is needed, so BEGIN travels with the first statement,
-    # a Batch costs one round trip and COMMIT one more. BEGIN and COMMIT are
-    # sent as statements: psycopg's transaction() inside a pipeline nests two
-    # more pipelines, whose exits cost two extra round trips per claim.
+    # a Batch costs one round trip and COMMIT one more (none when the Batch
+    # commits: its COMMIT travels with it). BEGIN and COMMIT are sent as
+    # statements: psycopg's transaction() inside a pipeline nests two more
+    # pipelines, whose exits cost two extra round trips per claim.
     try:
         with conn.pipeline():
-            conn.execute(_BEGIN, prepare=False)
             result = _steps_sync(conn, steps, app)
-            conn.execute(_COMMIT, prepare=False)
     except BaseException:
         _rollback_sync(conn)
         raise
@@ -80,21 +79,33 @@ def _run_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None) -
 def _steps_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None
                 ) -> list[ClaimedJob]:
     reply: Any = None
+    open_ = False  # whether the claim's transaction is open
     while True:
         try:
             step = steps.send(reply)
         except StopIteration as done:
+            if open_:
+                conn.execute(_COMMIT, prepare=False)
             result: list[ClaimedJob] = done.value
             return result
         reply = None
         if isinstance(step, Statement):
+            if not open_:
+                conn.execute(_BEGIN, prepare=False)
+                open_ = True
             with conn.cursor(row_factory=step.rows) as cur:
                 cur.execute(step.query, step.params, prepare=step.prepare)
                 reply = (cur.fetchall()) if step.fetch else None
         elif isinstance(step, Batch):
+            if not open_:
+                conn.execute(_BEGIN, prepare=False)
+                open_ = True
             cursors = [conn.cursor(row_factory=st.rows) for st in step.statements]
             for cur, st in zip(cursors, step.statements, strict=True):
                 cur.execute(st.query, st.params, prepare=st.prepare)
+            if step.commit:
+                conn.execute(_COMMIT, prepare=False)
+                open_ = False
             reply = [cur.fetchall() for cur in cursors]
             for cur in cursors:
                 cur.close()
@@ -134,9 +145,7 @@ async def _run_async(
     # As _run_sync.
     try:
         async with conn.pipeline():
-            await conn.execute(_BEGIN, prepare=False)
             result = await _steps_async(conn, steps, app)
-            await conn.execute(_COMMIT, prepare=False)
     except BaseException:
         await _rollback_async(conn)
         raise
@@ -146,22 +155,35 @@ async def _run_async(
 async def _steps_async(
     conn: psycopg.AsyncConnection[Any], steps: Steps, app: Akadze | None
 ) -> list[ClaimedJob]:
+    # As _steps_sync.
     reply: Any = None
+    open_ = False
     while True:
         try:
             step = steps.send(reply)
         except StopIteration as done:
+            if open_:
+                await conn.execute(_COMMIT, prepare=False)
             result: list[ClaimedJob] = done.value
             return result
         reply = None
         if isinstance(step, Statement):
+            if not open_:
+                await conn.execute(_BEGIN, prepare=False)
+                open_ = True
             async with conn.cursor(row_factory=step.rows) as cur:
                 await cur.execute(step.query, step.params, prepare=step.prepare)
                 reply = (await cur.fetchall()) if step.fetch else None
         elif isinstance(step, Batch):
+            if not open_:
+                await conn.execute(_BEGIN, prepare=False)
+                open_ = True
             cursors = [conn.cursor(row_factory=st.rows) for st in step.statements]
             for cur, st in zip(cursors, step.statements, strict=True):
                 await cur.execute(st.query, st.params, prepare=st.prepare)
+            if step.commit:
+                await conn.execute(_COMMIT, prepare=False)
+                open_ = False
             reply = [await cur.fetchall() for cur in cursors]
             for cur in cursors:
                 await cur.close()

@@ -108,7 +108,7 @@ def lock_taken(
     keys = list(need)
     lock, counted = yield Batch((
         prepared("claim_lock", {"keys": keys}), counts(request, keys, ())))
-    got = {key: bool(locked) for key, locked in lock}
+    got = {key: bool(locked) for key, locked, _ in lock}
     if not known.locked and not claimed and got and not any(got.values()):
         # Every key is held by another claim and we hold no limits row and no
         # job yet: this is the one lock of the claim that may wait, on the

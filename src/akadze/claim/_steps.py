@@ -58,6 +58,11 @@ class Batch:
     order, with its own READ COMMITTED snapshot."""
 
     statements: tuple[Statement, ...]
+    # True: the driver sends COMMIT right after these statements, in the same
+    # round trip, and the claim's transaction ends with them (a claim without
+    # transition hooks, at its last take). A statement the claim yields after it
+    # opens a new transaction (BEGIN travels with it).
+    commit: bool = False
 
 
 Step = Statement | Batch | Transitions
@@ -132,7 +137,8 @@ def take(
     request: Request, now: datetime, ids: Sequence[int]
 ) -> Generator[Step, Any, list[ClaimedJob]]:
     """Take the planned rows (those still free); returned in the order of ``ids``."""
-    params = {**request.params(now), "ids": list(ids), "worker_id": request.worker_id}
+    params = {**request.params(now), "ids": list(ids), "worker_id": request.worker_id,
+              "need": Jsonb({})}
     jobs: list[ClaimedJob] = yield Statement(queries.get("claim_take"), params, rows=job_rows)
     by_id = {job.id: job for job in jobs}
     return [by_id[i] for i in ids if i in by_id]

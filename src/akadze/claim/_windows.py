@@ -33,6 +33,7 @@ from ._steps import (
     key_list,
     prepared,
 )
+from ._takes import count_taken, take, take_committing
 
 # -- the windowed claim -----------------------------------------------------------------
 
@@ -391,12 +392,12 @@ def _start_with_groups(request: Request, known: KeyState, reading: _Reading) -> 
     return cancelled
 
 
-def _take(request: Request, ids: Sequence[int]) -> Generator[Step, Any, list[ClaimedJob]]:
-    """Take the planned rows (those still free); returned in the order of ``ids``."""
-    params = {**request.params(), "ids": list(ids), "worker_id": request.worker_id}
-    jobs: list[ClaimedJob] = yield prepared("claim_take", params, rows=job_rows)
-    by_id = {job.id: job for job in jobs}
-    return [by_id[i] for i in ids if i in by_id]
+def _reopen(request: Request, known: KeyState) -> Opens:
+    """A new transaction for the rest of a claim whose committed take came back
+    short: the queue's turn and the plan settings again (claim_start), and the
+    sweep."""
+    settings, swept = yield Batch(_opening(request))
+    return _opened(known, settings, swept)
 
 
 def windowed_steps(request: Request) -> Steps:
@@ -428,6 +429,9 @@ def windowed_steps(request: Request) -> Steps:
         cancelled = yield from _start_with_state(request, known, reading, first_size)
         first = False
     waited = False
+    # Without transition hooks nothing needs the transaction after the take,
+    # so the take commits: its locks, the take and COMMIT in one round trip.
+    committing = not request.hooks
     while len(claimed) < request.slots:
         slots = request.slots - len(claimed)
         decision: planner.Decision
@@ -442,6 +446,8 @@ def windowed_steps(request: Request) -> Steps:
             )
             decision = planner.plan(view)
             if isinstance(decision, planner.Settled):
+                if committing:
+                    break  # its locks travel with the take (akadze.claim._takes)
                 want = set(decision.take)
                 need = Counter(
                     r.key for r in reading.rows
@@ -485,23 +491,31 @@ def windowed_steps(request: Request) -> Steps:
         reading.needed = _needed(reading, set(planned))
         if not planned:
             break
-        got = yield from _take(request, planned)
+        if committing:
+            got = yield from take_committing(request, known, reading.rows, planned)
+            claimed.extend(got)
+            if len(got) == len(planned):
+                count_taken(request, known, got)
+                break
+            # The guard refused (a key lost room or is held by another claim)
+            # or rows were held: the transaction has ended with what it took.
+            # The remaining slots are claimed in a new transaction, the
+            # classic way (locks, counts and takes in a round trip each, as
+            # many as it takes), which waits where a claim may wait.
+            committing = False
+            known = KeyState(request.fair)
+            cancelled += yield from _reopen(request, known)
+            reading, skip, waited = _Reading(rows=[]), set(), False
+            continue
+        got = yield from take(request, planned)
         claimed.extend(got)
-        # The rows just taken now run, and count: every limited key taken from
-        # is locked by us, so its headroom is exact after taking one per row;
-        # each taken row adds one to its group's busy.
-        for job in got:
-            key = job.limit_key
-            if key is not None and key in known.room:
-                known.room[key] = max(0, known.room[key] - 1)
-            if request.fair:
-                known.busy[key] = known.busy.get(key, 0) + 1
+        count_taken(request, known, got)
         if len(got) == len(planned):
             break
         # Rows another claim holds: plan the remaining slots again from the
         # head, leaving them out.
-        taken = {job.id for job in got}
-        skip.update(i for i in planned if i not in taken)
+        got_ids = {job.id for job in got}
+        skip.update(i for i in planned if i not in got_ids)
         reading = _again(reading)
     cancelled.sort(key=lambda job: job.id)
     if request.on_done is not None:

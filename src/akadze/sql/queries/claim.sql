@@ -57,10 +57,48 @@ RETURNING
 -- statistics were taken while it was empty estimated one queued row in the
 -- queue, and the plan walked jobs_ready_key_idx over the whole queue filtering
 -- by id (230 ms at 100 000 rows) instead of probing the primary key 20 times.
-WITH picked AS (
+--
+-- The guard (need: a jsonb object, limited key -> planned rows of the key; {}
+-- for none) lets a claim send its locks and its take in one round trip, with
+-- its COMMIT (akadze.claim._windows, "take_committing"): claim_lock, sent just
+-- before as a statement of its own, records the keys it got in the setting
+-- akadze.claim_locked (local to the transaction), and the take goes ahead only
+-- if every key in `need` is among them and still has room for its planned rows,
+-- counted here. This statement began after claim_lock had been granted every
+-- lock it got, so under READ COMMITTED its snapshot sees every commit of the
+-- claim that held a key before: the same rule as claim_counts after claim_lock
+-- (docs/explanation/claim.md, "Locks"). A key claim_lock did not get is refused,
+-- never locked here: locked inside this statement, its count would use a
+-- snapshot taken before the lock. Refused, the take takes nothing and the
+-- caller plans again. One row, whatever `need` holds; a one-time filter of
+-- `picked`, so it changes no index path.
+WITH guard AS MATERIALIZED (
+    SELECT COALESCE(bool_and(
+               l.key IS NOT NULL
+               AND COALESCE(NULLIF(current_setting('akadze.claim_locked', true), ''),
+                            '{}')::jsonb ? n.key
+               AND COALESCE(l.max_running - (
+                       SELECT count(*) FROM akadze.jobs r
+                       WHERE r.state = 'running' AND r.limit_key = l.key), n.rows)
+                   >= n.rows
+               AND COALESCE(l.max_starts - (
+                       SELECT count(*) FROM akadze.start_marks m
+                       WHERE m.key = l.key
+                         AND m.started_at > COALESCE(%(now)s::timestamptz, now())
+                                            - l."window"), n.rows)
+                   >= n.rows), true) AS ok
+    FROM jsonb_each_text(%(need)b::jsonb) AS e(key, value)
+    CROSS JOIN LATERAL (SELECT e.key, e.value::int AS rows) n
+    LEFT JOIN LATERAL (
+        SELECT x.key, x.max_running, x.max_starts, x."window" FROM akadze.limits x
+        WHERE x.key = n.key
+        OFFSET 0) l ON true
+),
+picked AS (
     SELECT j.id
     FROM akadze.jobs j
     WHERE j.id = ANY (%(ids)b::bigint[])
+      AND (SELECT ok FROM guard)
       AND (j.queue = %(queue)s
            AND j.state = 'queued'
            AND j.run_at <= COALESCE(%(now)s::timestamptz, now())
@@ -384,15 +422,33 @@ FOR NO KEY UPDATE OF l
 -- (LATERAL): the cost follows the keys listed, never the size of the limits
 -- table (written as IN (SELECT unnest(..)), the plan hashed the keys and read
 -- every limits row, twice). The keys are distinct.
-SELECT l.key, (mine.key IS NOT NULL) AS locked
-FROM unnest(%(keys)b::text[]) AS k(key)
-CROSS JOIN LATERAL (
-    SELECT x.key FROM akadze.limits x WHERE x.key = k.key OFFSET 0) l
-LEFT JOIN LATERAL (
-    SELECT x.key FROM akadze.limits x
-    WHERE x.key = k.key
-    FOR NO KEY UPDATE SKIP LOCKED
-) mine ON true
+--
+-- The keys we now hold are also added to the setting akadze.claim_locked (a
+-- jsonb object, local to the transaction, emptied by claim_start), which the
+-- guard of claim_take reads: a take sent in the same round trip as this lock
+-- knows which keys it got. An InitPlan: evaluated once, when the first row is
+-- returned (no row, no key to add).
+WITH got AS MATERIALIZED (
+    SELECT l.key, (mine.key IS NOT NULL) AS locked
+    FROM unnest(%(keys)b::text[]) AS k(key)
+    CROSS JOIN LATERAL (
+        SELECT x.key FROM akadze.limits x WHERE x.key = k.key OFFSET 0) l
+    LEFT JOIN LATERAL (
+        SELECT x.key FROM akadze.limits x
+        WHERE x.key = k.key
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) mine ON true
+)
+SELECT g.key, g.locked,
+       (SELECT set_config(
+                   'akadze.claim_locked',
+                   (COALESCE(NULLIF(current_setting('akadze.claim_locked', true), ''),
+                             '{}')::jsonb
+                    || COALESCE(jsonb_object_agg(x.key, true) FILTER (WHERE x.locked),
+                                '{}'::jsonb))::text,
+                   true)
+        FROM got x) IS NOT NULL AS noted
+FROM got g
 
 -- name: claim_counts
 -- Runs as a NEW statement after the locks of claim_lock(_first) were granted:
@@ -534,6 +590,9 @@ RETURNING
 -- Returns the settings it replaces (restored before the hooks run). The lock
 -- comes first: the settings are read and changed once the queue is ours.
 --
+-- akadze.claim_locked: the limits rows this transaction holds (claim_lock),
+-- none yet.
+--
 -- synchronous_commit for this transaction only (a worker's claims do not wait
 -- for the WAL flush unless durable_claims): set here, local to the transaction,
 -- rather than as a connection's startup option, which PgBouncer refuses. NULL
@@ -549,7 +608,8 @@ SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
        set_config('enable_bitmapscan', 'off', true),
        set_config('synchronous_commit',
                   coalesce(%(synchronous_commit)s::text,
-                           current_setting('synchronous_commit')), true)
+                           current_setting('synchronous_commit')), true),
+       set_config('akadze.claim_locked', '{}', true)
 FROM (SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))) AS turn
 
 -- name: claim_plan_restore
