@@ -10,10 +10,11 @@ change to its result.
 This package is the claim's one door; behind it, private modules:
 
 - ``_drivers``: the entry points and the two small drivers, sync and async, that run
-  a claim's steps on a psycopg connection inside one transaction;
+  a claim's steps on a psycopg connection inside its transaction;
 - ``_steps``: the step language claims are written in, and the steps both share;
 - ``_windows``: the windowed claim, which reads the ready index in windows;
 - ``_keystate``: what a claim knows of keys and groups, and the lock protocol;
+- ``_takes``: the take, committing with its locks in one round trip, or classic;
 - ``_hints``: what a connection remembers between claims;
 - ``_planner``: the pure core that decides (standard library only);
 - ``_ranking``: the reference claim, one ranking statement.

@@ -8,7 +8,8 @@ Each claim is written once, as a generator of steps (:mod:`akadze.claim._steps`)
 windowed claim in :mod:`akadze.claim._windows`, the full-ranking reference in
 :mod:`akadze.claim._ranking`. This module holds the public entry points and the two small
 drivers, sync and async, that run the steps on a psycopg ``Connection`` or
-``AsyncConnection`` inside one transaction. So the sync and async entry points each
+``AsyncConnection`` inside the claim's transaction (one, or two when a take
+that commits comes back short: :mod:`akadze.claim._takes`). So the sync and async entry points each
 do their own I/O and share everything else, with no bridge between the two.
 """
 
