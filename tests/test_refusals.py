@@ -5,6 +5,7 @@ before any statement, and nothing is written."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -162,13 +163,15 @@ async def test_a_job_stored_too_deep_to_read_is_shown_marked_unreadable(
     assert listed[0].unreadable is not None and listed[0].unreadable.startswith("meta: ")
     # The CLI shows it (and its JSON), one clean exit.
     for extra in ([], ["--json"]):
-        shown = subprocess.run([AKADZE, "jobs", "show", str(job_id), *extra,
-                                "--database-url", database_url],
-                               capture_output=True, text=True, check=False, timeout=60)
+        shown = await asyncio.to_thread(
+            subprocess.run, [AKADZE, "jobs", "show", str(job_id), *extra,
+                             "--database-url", database_url],
+            capture_output=True, text=True, check=False, timeout=60)
         assert shown.returncode == 0, shown.stderr
         assert "nested too deeply" in shown.stdout and "Traceback" not in shown.stderr
-    listed_cli = subprocess.run([AKADZE, "jobs", "list", "--database-url", database_url],
-                                capture_output=True, text=True, check=False, timeout=60)
+    listed_cli = await asyncio.to_thread(
+        subprocess.run, [AKADZE, "jobs", "list", "--database-url", database_url],
+        capture_output=True, text=True, check=False, timeout=60)
     assert listed_cli.returncode == 0, listed_cli.stderr
     assert str(job_id) in listed_cli.stdout
     # So does the dashboard: the job's page and its JSON.
