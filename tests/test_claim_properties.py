@@ -49,6 +49,8 @@ class Case:
     groups: frozenset[str | None] | None = None
     read: int = 0
     many_groups: bool = False
+    # remembered keys said to have been met in the free part (any keys: a hint)
+    unflagged: frozenset[str] = frozenset()
     # jobs.limited (migration 0005): "flagged": the queued jobs of limited keys
     # flagged, as enqueue flags them; "stale": every flag false (jobs inserted by
     # hand, or queued before their key got a limit); "mixed": flagged, then some
@@ -120,6 +122,7 @@ def cases(draw: st.DrawFn) -> Case:
         # case a wrong "still without room" would get wrong
         remembered=tuple(draw(st.lists(st.sampled_from([*limited, *limited, *KEYS[1:], "gone"]),
                                        unique=True, max_size=4))),
+        unflagged=frozenset(draw(st.sets(st.sampled_from([*KEYS, "gone"]), max_size=3))),
         # the queue's groups, as a previous claim may have listed them: mostly
         # those of the jobs here (a few more or fewer), sometimes none at all
         groups=draw(st.one_of(
@@ -209,7 +212,8 @@ def run(conn: Conn, case: Case, claim_fn: Callable[..., Any]) -> tuple[Any, ...]
 def check(conn: Conn, case: Case, scan_mode: Callable[..., None]) -> None:
     expected = run(conn, case, claim_oracle)
     scan_mode(case.scan, case.split_max)
-    memory.put(conn, "q", Hints(case.remembered, case.read, case.groups, case.many_groups))
+    memory.put(conn, "q", Hints(case.remembered, case.read, case.groups, case.many_groups,
+                                   case.unflagged))
     got = run(conn, case, claim)
     assert got[0] == expected[0], "claimed jobs differ"
     assert got[1] == expected[1], "effects differ"

@@ -188,11 +188,12 @@ def test_keys_at_their_limit_ahead_of_free_ones(conn: Conn, work: Any, fair: boo
 
 
 def test_the_window_function_is_inlined_into_the_window_statements(conn: Conn) -> None:
-    """akadze.ready_window must be inlined (LANGUAGE sql, STABLE, a single SELECT):
-    called as a function, its body would be planned at every claim."""
+    """akadze.ready_window_parts must be inlined (LANGUAGE sql, STABLE, a single
+    SELECT): called as a function, its body would be planned at every claim."""
     params = {"queue": "q", "after_priority": 32768,
               "after_run_at": datetime(1970, 1, 1, tzinfo=UTC), "after_id": 0, "now": None,
-              "skip_keys": key_list(["a", "b"]), "skip_null": False,
+              "skip_free": key_list(["a"]), "skip_limited": key_list(["a", "b"]),
+              "skip_null": False,
               "window": 40, "split_max": 32, "need": None, "known": [], "known_null": False,
               "fair": False, "tasks": None}
     for name in ("claim_window", "claim_window_whole"):

@@ -26,13 +26,16 @@ class Hints:
     window holds that many, and a claim's worth more). ``groups``: every group
     with queued rows, when a skip scan listed them all. ``many_groups``: the rows
     it read showed more groups than a skip scan is tried for (the next claim
-    does not try it).
+    does not try it). ``unflagged``: those of ``blocked`` whose jobs it met in
+    the free part of the queue (queued before the key had its limit): the next
+    claim leaves them out of that part too (ready_window_parts).
     """
 
     blocked: tuple[str, ...] = ()
     read: int = 0
     groups: frozenset[str | None] | None = None
     many_groups: bool = False
+    unflagged: frozenset[str] = frozenset()
 
 
 _NO_HINTS = Hints()

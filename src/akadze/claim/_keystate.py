@@ -38,6 +38,8 @@ class KeyState:
     room: dict[str, int] = field(default_factory=dict)
     busy: dict[str | None, int] = field(default_factory=dict)
     settings: dict[str, str] | None = None  # as they were before the claim changed them
+    # Keys with entries met in the free part of the queue (jobs.limited false).
+    unflagged: set[str] = field(default_factory=set)
 
     def started(self, rows: list[Row]) -> None:
         """The settings claim_start replaced (restored before the hooks run)."""
@@ -51,6 +53,26 @@ class KeyState:
         known = [k for k in (*self.room, *self.unlimited)
                  if (not fair or k in busy) and k not in exclude]
         return {"known": known, "known_null": not fair or None in busy, "fair": fair}
+
+    def skip_lists(self, exclude: frozenset[str | None],
+                   limited: frozenset[str] = frozenset()) -> dict[str, object]:
+        """The exclusions of a window, per part of the queue (ready_window_parts,
+        migration 0013): the limited part leaves out the excluded keys with a
+        limits row; the free part the others, and those limited keys the claim
+        met there (a job queued before its key's limit, whose flag is false).
+        Each list may hold less than the exclusions: a window returns every
+        entry of a key it does not leave out, and may return entries of keys it
+        does, which the planner finds ineligible (past the key's headroom) or
+        hopeless (a turn no lower than the worst planned), so the lists only
+        make windows cheaper. A key at its limit whose jobs are all flagged is
+        then filtered by one list, not by every part of the window.
+        ``limited``: keys to take as limited whose state is not known yet (the
+        remembered blocked keys, counted in the same round trip)."""
+        room, unflagged = self.room, self.unflagged
+        keys = [k for k in exclude if k is not None]
+        return {"skip_limited": key_list(k for k in keys if k in room or k in limited),
+                "skip_free": key_list(k for k in keys if (k not in room and k not in limited)
+                                      or k in unflagged)}
 
     def learn(self, key: str | None, limited: bool | None, max_running: int | None,
               running: int | None, max_starts: int | None, starts: int | None,

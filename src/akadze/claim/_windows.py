@@ -121,6 +121,8 @@ def _entries(rows: list[Row], known: KeyState) -> list[tuple[planner.Row, bool]]
             known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
         else:
             entries.append((make(r[:4]), r[4]))
+            if r[5] is False and r[3] is not None:
+                known.unflagged.add(r[3])  # met in the free part (ready_window_parts)
     # A key met without a state row has no limits row and (fair) nothing running
     # in the queue. Keys whose state was known before the statement are skipped
     # by learn(); a key the statement left out because it was known stays as is.
@@ -154,11 +156,12 @@ def _read_window(
 
 
 def _window(request: Request, known: KeyState, reading: _Reading, window: int,
-            exclude: frozenset[str | None], need: int | None) -> Statement:
+            exclude: frozenset[str | None], need: int | None,
+            limited: frozenset[str] = frozenset()) -> Statement:
     params = {
         **request.params(), **_after_params(reading.after), **known.params(exclude),
         "window": window, "need": need,
-        "skip_keys": key_list(k for k in exclude if k is not None), "skip_null": None in exclude,
+        **known.skip_lists(exclude, limited), "skip_null": None in exclude,
         "split_max": SPLIT_MAX,
     }
     # Without an early stop the window needs none of its machinery.
@@ -310,7 +313,10 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
         slots=request.slots, fair=request.fair, rows=(), headroom=dict.fromkeys(keys, 0),
         first=first_size))
     assert isinstance(assumed, planner.ReadMore)
-    window = _window(request, known, reading, assumed.window, assumed.exclude, assumed.need)
+    # The remembered keys were limited when the last claim left them: left out
+    # of the limited part (ready_window_parts), where their jobs are.
+    window = _window(request, known, reading, assumed.window, assumed.exclude, assumed.need,
+                     limited=frozenset(keys))
     settings, swept, counted, rows, *groups = yield Batch((
         *_opening(request), _remembered(request, keys), window, *_guarded_groups(request)))
     cancelled = _opened(known, settings, swept)
@@ -405,6 +411,7 @@ def windowed_steps(request: Request) -> Steps:
     planner proves that nothing unread can change the result."""
     known = KeyState(request.fair)
     hints = request.hints
+    known.unflagged.update(hints.unflagged)
     claimed: list[ClaimedJob] = []
     skip: set[int] = set()
     # The first round trip opens with claim_start: the queue's turn (docs/
@@ -522,8 +529,10 @@ def windowed_steps(request: Request) -> Steps:
         # For the next claim: the keys without room now (this claim's starts
         # counted), how far its windows read to its last planned row, the
         # queue's groups.
+        blocked = tuple(key for key, room in known.room.items() if room == 0)
         request.on_done(Hints(
-            blocked=tuple(key for key, room in known.room.items() if room == 0),
+            blocked=blocked,
+            unflagged=frozenset(key for key in blocked if key in known.unflagged),
             read=reading.needed if reading.universe is None else 0,
             groups=reading.universe,
             many_groups=_many_groups(request, reading)))

@@ -160,8 +160,9 @@ SELECT * FROM taken
 
 -- name: claim_window
 -- The next `window` index entries of the queue after P, leaving out the
--- excluded keys (skip_keys, and the null group when skip_null), cut short
--- after the need-th free entry when `need` is given (see "free" below).
+-- excluded keys (skip_free in the free part of the queue, skip_limited in its
+-- limited part, and the null group when skip_null), cut short after the
+-- need-th free entry when `need` is given (see "free" below).
 --
 -- The candidates come from index-only scans (claim_window_candidates): an
 -- excluded key costs one index tuple per entry, or nothing at all when the
@@ -176,7 +177,7 @@ SELECT * FROM taken
 -- planned as a nested loop. skip_keys is a jsonb array of strings, not a
 -- text[]: psycopg dumps a list of a thousand keys as text[] element by element
 -- in Python (~0.4 ms), and as jsonb with one json.dumps call (~0.03 ms).
--- skip_keys never holds a null (a null in NOT IN would reject every row).
+-- The skip lists never hold a null (a null in NOT IN would reject every row).
 --
 -- The conditions that need the heap (cancel requested, expiry, task) are
 -- evaluated afterwards on the entries returned, by a per-row subquery on the
@@ -204,13 +205,13 @@ WITH candidates AS (
 -- two by its estimate of the rows: on statistics taken while the queue was
 -- empty it hashed (1 000 running jobs read for a window of 40).
 , firsts AS (
-    SELECT c.id, c.priority, c.run_at, c.limit_key,
+    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited,
            row_number() OVER (PARTITION BY c.limit_key
                               ORDER BY c.priority DESC, c.run_at, c.id) = 1 AS first
     FROM candidates c
 )
 , free AS (
-    SELECT c.id, c.priority, c.run_at, c.limit_key,
+    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited,
            CASE WHEN %(need)s::int IS NULL THEN false
                 WHEN NOT %(fair)s THEN
                     c.limit_key IS NULL
@@ -234,7 +235,7 @@ WITH candidates AS (
     FROM firsts c
 )
 , counted AS (
-    SELECT f.id, f.priority, f.run_at, f.limit_key,
+    SELECT f.id, f.priority, f.run_at, f.limit_key, f.limited,
            count(*) OVER () AS scanned,
            count(*) FILTER (WHERE f.free) OVER (
                ORDER BY f.priority DESC, f.run_at, f.id
@@ -242,7 +243,7 @@ WITH candidates AS (
     FROM free f
 )
 , kept AS (
-    SELECT k.id, k.priority, k.run_at, k.limit_key, k.scanned
+    SELECT k.id, k.priority, k.run_at, k.limit_key, k.limited, k.scanned
     FROM counted k
     WHERE %(need)s::int IS NULL OR k.free_before < %(need)s::int
 )
@@ -258,7 +259,7 @@ WITH candidates AS (
 -- include: claim_window_candidates
 )
 , kept AS (
-    SELECT c.id, c.priority, c.run_at, c.limit_key, count(*) OVER () AS scanned
+    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited, count(*) OVER () AS scanned
     FROM candidates c
 )
 -- include: claim_entries_with_state
@@ -281,9 +282,9 @@ WITH candidates AS (
 WITH RECURSIVE guard AS (
     SELECT %(window)s::int = 0 OR (
         SELECT count(DISTINCT h.limit_key) + COALESCE(bool_or(h.limit_key IS NULL), false)::int
-        FROM akadze.ready_window(%(queue)s, 32768, now(), 0,
-                                 COALESCE(%(now)s::timestamptz, now()), '[]'::jsonb, false,
-                                 %(window)s::int, -1) h
+        FROM akadze.ready_window_parts(%(queue)s, 32768, now(), 0,
+                                       COALESCE(%(now)s::timestamptz, now()), '[]'::jsonb,
+                                       '[]'::jsonb, false, %(window)s::int, -1) h
     ) <= %(try)s AS ok
 ),
 found AS (
@@ -389,9 +390,11 @@ WITH candidates AS (
         LIMIT %(per_group)s
     ) c
 )
--- The same columns as claim_window's entries (`scanned` has no use here).
+-- The same columns as claim_window's entries (`scanned` has no use here, nor
+-- the part: the per-group reads filter nothing).
 , kept AS (
-    SELECT c.id, c.priority, c.run_at, c.limit_key, NULL::bigint AS scanned
+    SELECT c.id, c.priority, c.run_at, c.limit_key, NULL::boolean AS limited,
+           NULL::bigint AS scanned
     FROM candidates c
 )
 -- include: claim_entries_with_state
@@ -639,7 +642,7 @@ SELECT c.id, c.priority, c.run_at, c.limit_key,
                AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))
         FROM akadze.jobs j
         WHERE j.id = c.id) AS ready,
-       NULL::boolean AS limited, NULL::integer AS max_running, NULL::bigint AS running,
+       c.limited, NULL::integer AS max_running, NULL::bigint AS running,
        NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
        c.scanned
 FROM kept c
@@ -715,9 +718,10 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 -- The entries of claim_window and claim_window_whole: the next `window` index
 -- entries of the queue after P, leaving out the excluded keys: the free and the
 -- limited part merged, the limited part in order or split per key
--- (akadze.ready_window, migration 0005, which PostgreSQL inlines here: the plan
--- is the one of the function's body, with these parameters).
-    SELECT * FROM akadze.ready_window(
+-- (akadze.ready_window_parts, migration 0013, which PostgreSQL inlines here: the
+-- plan is the one of the function's body, with these parameters). Each entry
+-- says which part it came from (`limited`).
+    SELECT * FROM akadze.ready_window_parts(
         %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
-        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, now()), %(skip_keys)b::jsonb,
-        %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
+        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, now()), %(skip_free)b::jsonb,
+        %(skip_limited)b::jsonb, %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
