@@ -64,6 +64,9 @@ SPLIT_MAX = 32
 # The first window holds what the last claim needed (Hints.read), up to this
 # many entries (the default first window is planner.first_window).
 READ_HINT_MAX = 2048
+# A claim without transition hooks sends its locks, its take and COMMIT in one
+# round trip (akadze.claim._takes); False: the classic take (tests, benches).
+COMMIT_WITH_TAKE = True
 
 
 def _opening(request: Request) -> tuple[Statement, Statement]:
@@ -438,7 +441,7 @@ def windowed_steps(request: Request) -> Steps:
     waited = False
     # Without transition hooks nothing needs the transaction after the take,
     # so the take commits: its locks, the take and COMMIT in one round trip.
-    committing = not request.hooks
+    committing = COMMIT_WITH_TAKE and not request.hooks
     while len(claimed) < request.slots:
         slots = request.slots - len(claimed)
         decision: planner.Decision
