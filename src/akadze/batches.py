@@ -123,12 +123,12 @@ class Batch:
         return head, "\t" + "\t".join(tail) + "\n"
 
     def _graph_tail(self, index: int) -> str:
-        """The state, waiting_for and dependents of a row (the last COPY columns)."""
+        """The state and dependents of a row (the last COPY columns)."""
         if "state" not in self.columns:
             return ""
         start = self.starts.get(index)
-        state, waiting = ("queued", 0) if start is None else (start.state, start.waiting_for)
-        return f"\t{state}\t{waiting}\t{'t' if index in self.parent_rows else 'f'}"
+        state = "queued" if start is None else start.state
+        return f"\t{state}\t{'t' if index in self.parent_rows else 'f'}"
 
     def serialize(self, indexes: Sequence[int]) -> list[str]:
         """The JSON text of the arguments of the items at ``indexes`` (the rows of a
@@ -213,7 +213,7 @@ def _columns(all_options: Iterable[Options]) -> tuple[str, ...]:
     return (*_BASE_COLUMNS, *extra)
 
 
-GRAPH_COLUMNS = ("state", "waiting_for", "dependents")
+GRAPH_COLUMNS = ("state", "dependents")
 
 
 def _graph(listed: list[Mapping[str, Any] | Job], item_options: list[Options] | None,

@@ -217,7 +217,6 @@ def _params(pending: Pending) -> dict[str, Any]:
         "expires_at": options.expires_at,
         "meta": options.meta_json,
         "state": "queued",
-        "waiting_for": 0,
     }
 
 
@@ -327,7 +326,7 @@ def insert_one(pending: Pending, on_enqueue: Sequence[Hook], *, guard: bool) -> 
             params = _params(pending)
             if pending.options.after:
                 begun, states = yield from workflows.plan_one(pending.options)
-                params.update(state=begun.state, waiting_for=begun.waiting_for)
+                params["state"] = begun.state
             row = yield from dialog.one(queries.get("enqueue_job"), params)
             assert row is not None
             job_id, run_at = row
