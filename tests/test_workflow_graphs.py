@@ -135,3 +135,74 @@ def test_bad_graphs_of_several_tasks_are_refused_with_nothing_inserted(
     assert conn.execute("SELECT count(*) FROM akadze.job_dependencies").fetchone() == (0,)
     # a Job of this very task is still an item of the task's own enqueue_many
     assert len(fetch.using().enqueue_many_sync([fetch.job({"page": 1}), {"page": 2}])) == 2
+
+
+def _parents(conn: Any, job_id: int) -> list[int]:
+    return [int(r[0]) for r in conn.execute(
+        "SELECT parent_id FROM akadze.job_dependencies WHERE child_id = %s ORDER BY 1",
+        (job_id,))]
+
+
+def test_on_duplicate_with_after_keeps_the_holders_parents(
+        app: Akadze, conn: Any, graph: dict[str, Any]) -> None:
+    # "ignore": the holder answers as it is (its parents, not the new after's).
+    # "replace": the holder takes the new arguments and keeps its parents; an after
+    # naming the same parents is fine, one naming others is refused (EnqueueError,
+    # field "after", nothing written), in a single enqueue as in a bulk one.
+    fetch, merge = graph["fetch"], graph["merge"]
+    p1, p2, p3 = fetch.using(delay=3600).enqueue_many_sync([{"page": n} for n in (1, 2, 3)])
+    keyed = {"unique_key": "merge:7"}
+    holder = merge.using(after=[p1, p2], **keyed).enqueue_sync(label="first")
+    assert merge.using(after=[p3], on_duplicate="ignore", **keyed).enqueue_sync() == holder
+    assert _parents(conn, holder) == [p1, p2]
+    replace = merge.using(on_duplicate="replace", **keyed)
+    assert replace.enqueue_sync(label="no after") == holder
+    assert merge.using(after=[p2, p1], on_duplicate="replace", **keyed).enqueue_sync(
+        label="same after") == holder
+    assert conn.execute("SELECT args->>'label', state::text FROM akadze.jobs WHERE id = %s",
+                        (holder,)).fetchone() == ("same after", "waiting")
+    with pytest.raises(EnqueueError, match=rf"job {holder} holds the unique_key and waits "
+                       rf"for \[{p1}, {p2}\].*after names \[{p3}\]") as refused:
+        merge.using(after=[p3], on_duplicate="replace", **keyed).enqueue_sync(label="other")
+    assert refused.value.field == "after"
+    with pytest.raises(EnqueueError, match="keeps the parents"):  # in enqueue_many too
+        merge.using(on_duplicate="replace", **keyed).enqueue_many_sync(
+            [Job({"label": "bulk"}, after=[p1])])
+    fresh = fetch.job({"page": 4})
+    with pytest.raises(EnqueueError, match="new jobs of this call"):  # a graph's new rows
+        app.enqueue_many_sync([fresh, merge.job({"label": "graph"}, after=[fresh],
+                                                on_duplicate="replace", **keyed)])
+    lonely = merge.using(unique_key="merge:8").enqueue_sync(label="lonely")
+    with pytest.raises(EnqueueError, match="waits for no job"):
+        merge.using(after=[p1], unique_key="merge:8", on_duplicate="replace").enqueue_sync()
+    assert conn.execute("SELECT args->>'label' FROM akadze.jobs WHERE id = ANY(%s) ORDER BY id",
+                        ([holder, lonely],)).fetchall() == [("same after",), ("lonely",)]
+    assert conn.execute("SELECT count(*) FROM akadze.jobs").fetchone() == (5,)
+    # a bulk replace naming the holder's parents, by id and as an item answered by a
+    # holder of its own key ("ignore"), goes through
+    again = fetch.job({"page": 1}, unique_key="page:1", on_duplicate="ignore")
+    first_page = fetch.using(unique_key="page:1").enqueue_sync(page=1)
+    base = merge.using(after=[first_page, p2], unique_key="merge:9").enqueue_sync(label="a")
+    ids = app.enqueue_many_sync([again, merge.job({"label": "b"}, after=[again, p2],
+                                                  unique_key="merge:9",
+                                                  on_duplicate="replace")])
+    assert ids == [first_page, base] and _parents(conn, base) == sorted([first_page, p2])
+
+
+def test_a_replace_within_one_call_keeps_the_replaced_items_parents(
+        app: Akadze, conn: Any, graph: dict[str, Any]) -> None:
+    fetch, merge = graph["fetch"], graph["merge"]
+    page = fetch.job({"page": 1})
+    keyed = {"unique_key": "merge:1", "on_duplicate": "replace"}
+    ids = app.enqueue_many_sync([page, merge.job({"label": "one"}, after=[page], **keyed),
+                                 merge.job({"label": "two"}, **keyed)])
+    assert ids[1] == ids[2] and _parents(conn, ids[2]) == [ids[0]]
+    assert conn.execute("SELECT args->>'label', state::text FROM akadze.jobs WHERE id = %s",
+                        (ids[2],)).fetchone() == ("two", "waiting")
+    other = fetch.job({"page": 2})
+    with pytest.raises(EnqueueError, match="replaces item 1 of this call"):
+        app.enqueue_many_sync([page, merge.job(after=[page], unique_key="merge:2",
+                                               on_duplicate="replace"),
+                               other, merge.job(after=[other], unique_key="merge:2",
+                                                on_duplicate="replace")])
+    assert conn.execute("SELECT count(*) FROM akadze.jobs").fetchone() == (2,)

@@ -368,6 +368,9 @@ def _decide_one(pending: Pending) -> Dialog[int | None]:
             return None
         if not plan.updates:
             return answer
+        if pending.options.after:  # a replace keeps the holder's parents
+            yield from workflows.check_replaced(
+                {answer: {p for p in pending.options.after if isinstance(p, int)}})
         replaced = yield from replace_holders({answer: (pending.options, pending.args_json)})
         if answer in replaced:
             return answer
@@ -506,6 +509,10 @@ def _unique_batch(batch: Batch, now: Any) -> Dialog[list[tuple[str, int]]]:
         if duplicate is not None:
             raise duplicate
         targets = list(plan.updates)
+        yield from workflows.check_replaced({  # a replace keeps the holder's parents
+            t: workflows.wanted_parents(batch, plan.answers, item)
+            for t, (item, _) in plan.updates.items()
+            if batch.item_parents.get(item) or batch.job_parents.get(item)})
         texts = batch.serialize([plan.updates[t][0] for t in targets])
         replaced = yield from replace_holders({
             t: (batch.options_of(plan.updates[t][0]), text)

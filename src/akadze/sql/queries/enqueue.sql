@@ -126,6 +126,13 @@ UPDATE akadze.jobs AS j SET dependents = true
 WHERE j.id = ANY (%(ids)s::bigint[])
 RETURNING j.id, j.state::text
 
+-- name: replace_parents
+-- The parents of the jobs an enqueue with on_duplicate="replace" is about to replace
+-- (their rows locked already by unique_holders' key lock): a replace keeps them, so
+-- the replacing enqueue's after must name the same (akadze.workflows.check_replaced).
+SELECT d.child_id, d.parent_id FROM akadze.job_dependencies AS d
+WHERE d.child_id = ANY (%(ids)s::bigint[])
+
 -- name: dependencies_insert
 -- The edges of one new job; done for the parents that had already ended.
 INSERT INTO akadze.job_dependencies (child_id, parent_id, run_anyway, done)
