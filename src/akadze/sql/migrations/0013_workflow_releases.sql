@@ -42,9 +42,20 @@ ALTER TABLE akadze.job_dependencies DROP CONSTRAINT job_dependencies_parent_id_f
 -- A child whose policy is "cancel" (the default) is cancelled by a parent that did
 -- not succeed, with an error entry naming it; that update is itself a terminal write
 -- (the trigger jobs_finished), so the cancellation runs down the subtree.
+--
+-- Planned once per session: the statements are planned generic (a custom plan for
+-- each call, which PostgreSQL kept choosing for the arrays, cost more than the three
+-- statements themselves), with sequential scans off: the statistics of a big fan-in
+-- say that every edge is the child's and not done (n_distinct 1), so the planner would
+-- read the pending test as "the first row of a sequential scan", which walks every
+-- edge done since the last vacuum; only the partial index answers it from the
+-- child's range.
 CREATE FUNCTION akadze.settle_children(parent bigint, parent_state text, at timestamptz)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
 DECLARE
     kids bigint[];
     anyway boolean[];
@@ -86,9 +97,17 @@ BEGIN
     FROM (SELECT k.child_id, parent_state <> 'succeeded' AND NOT k.run_anyway AS cancels
           FROM unnest(kids, anyway) AS k(child_id, run_anyway)) AS x
     WHERE c.id = x.child_id AND c.state = 'waiting'
-      AND (x.cancels OR NOT EXISTS (
-          SELECT 1 FROM akadze.job_dependencies AS p
-          WHERE p.child_id = c.id AND NOT p.done));
+      AND (x.cancels OR (
+          -- "No edge pending", read from the child's highest parent down: parents
+          -- mostly end in id order (the claim's), so the edges done, whose index
+          -- entries lead to dead versions (those of this very transaction, a batch of
+          -- outcomes, cannot even be marked killed yet), are at the low end, and a
+          -- child still waiting is answered by its first entry. A scalar subquery,
+          -- not EXISTS: PostgreSQL drops the ORDER BY and LIMIT of an EXISTS.
+          SELECT p.parent_id FROM akadze.job_dependencies AS p
+          WHERE p.child_id = c.id AND NOT p.done
+          ORDER BY p.child_id DESC, p.parent_id DESC
+          LIMIT 1) IS NULL);
 END
 $$;
 
