@@ -29,8 +29,8 @@ ALTER TABLE akadze.job_dependencies DROP CONSTRAINT job_dependencies_parent_id_f
 -- ended in ('succeeded', 'failed', 'cancelled') or 'deleted'.
 --
 -- Exactly once under concurrent parents: (1) the parent's edges are marked done;
--- (2) its waiting children are locked, in id order (FOR UPDATE: a lock, no new row
--- version); (3) a new statement, so a new snapshot (READ COMMITTED: each statement of
+-- (2) its waiting children are locked, in id order (FOR NO KEY UPDATE, the lock the
+-- release's UPDATE takes anyway: a lock, no new row version); (3) a new statement, so a new snapshot (READ COMMITTED: each statement of
 -- a volatile function takes one), releases a child none of whose edges is pending.
 -- Two parents of one child finishing at once both do (1); the one that locks second
 -- waits in (2) for the first to commit, and its (3) sees the first's edge done: the
@@ -80,7 +80,7 @@ BEGIN
     PERFORM 1 FROM akadze.jobs AS c
     WHERE c.id = ANY (kids) AND c.state = 'waiting'
     ORDER BY c.id
-    FOR UPDATE;
+    FOR NO KEY UPDATE;
     UPDATE akadze.jobs AS c
     SET state = CASE WHEN x.cancels THEN 'cancelled'::akadze.job_state
                      ELSE 'queued'::akadze.job_state END,
