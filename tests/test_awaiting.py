@@ -210,3 +210,14 @@ async def test_the_shared_waiters_poll_and_report_errors(
     with pytest.raises(ConfigurationError, match="connect"):
         await asyncio.wait_for(wait_for("postgresql://postgres@127.0.0.1:1/none", 1,
                                         timeout=30), 30)
+
+
+async def test_the_shared_connection_closes_soon_after_its_last_waiter_left(
+        app: Akadze, conn: Any, tasks: dict[str, Any]) -> None:
+    # The last waiter times out while the connection sleeps towards a poll a minute
+    # away: it is closed a linger after that waiter left, not at the poll.
+    job_id = tasks["gated"].using().enqueue_sync()
+    with pytest.raises(TimeoutError):
+        await wait_for(app, job_id, timeout=0.5, poll_interval=60)
+    await eventually(lambda: _connections(conn) == (0, 0), within=waiters.LINGER * 5,
+                     what="the shared connection closed")

@@ -113,6 +113,9 @@ class Hub:
                 found.remove(waiter)
                 if not found:
                     del self._waiting[waiter.job_id]
+            last = not self._new and not self._waiting
+        if last:  # the thread may sleep till a poll far off: its linger starts now
+            self._poke()
 
     def _poke(self) -> None:
         with contextlib.suppress(OSError):  # full: the thread is being woken already
