@@ -57,7 +57,7 @@ class KeyState:
     def skip_lists(self, exclude: frozenset[str | None],
                    limited: frozenset[str] = frozenset()) -> dict[str, object]:
         """The exclusions of a window, per part of the queue (ready_window_parts,
-        migration 0013): the limited part leaves out the excluded keys with a
+        migration 0014): the limited part leaves out the excluded keys with a
         limits row; the free part the others, and those limited keys the claim
         met there (a job queued before its key's limit, whose flag is false).
         Each list may hold less than the exclusions: a window returns every

@@ -718,7 +718,7 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 -- The entries of claim_window and claim_window_whole: the next `window` index
 -- entries of the queue after P, leaving out the excluded keys: the free and the
 -- limited part merged, the limited part in order or split per key
--- (akadze.ready_window_parts, migration 0013, which PostgreSQL inlines here: the
+-- (akadze.ready_window_parts, migration 0014, which PostgreSQL inlines here: the
 -- plan is the one of the function's body, with these parameters). Each entry
 -- says which part it came from (`limited`).
     SELECT * FROM akadze.ready_window_parts(

@@ -32,7 +32,12 @@ j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.run_cou
 -- dashboard raise RecursionError; now that row is shown, marked unreadable.
 j.run_at, j.created_at, j.started_at, j.finished_at, j.limit_key, j.unique_key,
 j.meta::text AS meta, j.worker_id, j.cancel_requested, j.expires_at, j.progress, j.progress_message,
-j.progress_at, j.waiting_for,
+j.progress_at,
+-- How many parents a waiting job still waits for: its pending edges, on the partial
+-- index of migration 0013 (no counter is kept in the row).
+CASE WHEN j.state = 'waiting' THEN
+    (SELECT count(*) FROM akadze.job_dependencies AS d WHERE d.child_id = j.id AND NOT d.done)
+    ELSE 0 END AS waiting_for,
 -- The job's place in a workflow (migration 0012): the ids of its parents and of its
 -- children, at most 1 000 of each, oldest first (job_dependencies is indexed both
 -- ways), and how many there are. A job that is nobody's parent (dependents false)

@@ -1,4 +1,4 @@
--- akadze schema, version 13: a claim window with an exclusion list per part of
+-- akadze schema, version 14: a claim window with an exclusion list per part of
 -- the queue, and one read of the limits table.
 --
 -- akadze.ready_window (migration 0005) reads the next entries of a queue as
