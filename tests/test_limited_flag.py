@@ -280,3 +280,50 @@ def test_flags_stay_true_to_the_limits_under_concurrent_churn(
     while got := claim(conn, queue="default", slots=50):
         taken += len(got)
     assert taken == queued[0]
+
+
+def _skip_lists(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], list[str]]]:
+    """The (skip_free, skip_limited) of every window the claims read meanwhile."""
+    from akadze.claim import _windows
+
+    seen: list[tuple[list[str], list[str]]] = []
+    window = _windows._window
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        statement = window(*args, **kwargs)
+        params = statement.params
+        assert params is not None
+        seen.append((sorted(params["skip_free"].obj), sorted(params["skip_limited"].obj)))
+        return statement
+
+    monkeypatch.setattr(_windows, "_window", recorded)
+    return seen
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_keys_at_their_limit_are_left_out_of_the_part_that_holds_their_jobs(
+        conn: Conn, work: Any, monkeypatch: pytest.MonkeyPatch, stale: bool) -> None:
+    """Migration 0014 (ready_window_parts): a key at its limit whose jobs are flagged is
+    left out of the limited part only; one whose jobs the claim met unflagged (queued
+    before its limit), of the free part too, from the next claim's first window on.
+    Either way the claim is the reference claim's."""
+    blocked = [f"b{i:02d}" for i in range(20)]
+    for key in blocked:
+        set_limit_sync(conn, key, max_running=1)
+    conn.execute("INSERT INTO akadze.jobs (queue, task, limit_key, state) "
+                 "SELECT 'elsewhere', 'work', k, 'running' FROM unnest(%s::text[]) k", (blocked,))
+    work.using().enqueue_many_sync(
+        [Job(limit_key=blocked[i % 20]) for i in range(200)] + [Job() for _ in range(30)])
+    if stale:
+        conn.execute("UPDATE akadze.jobs SET limited = false WHERE state = 'queued'")
+    seen = _skip_lists(monkeypatch)
+    for _ in range(2):
+        expected = [j.id for j in claim_oracle(conn, queue="default", slots=20)]
+        _unclaim(conn, expected)
+        got = [j.id for j in claim(conn, queue="default", slots=20)]
+        assert got == expected
+        _unclaim(conn, got)
+    # the second claim's windows leave out the keys it remembers without room
+    second_free, second_limited = seen[-1]
+    assert second_limited == sorted(blocked)
+    assert second_free == (sorted(blocked) if stale else [])
