@@ -103,6 +103,8 @@ def stored_object(value: Any) -> tuple[dict[str, Any], str | None]:
     recursion limit, not an object). A value psycopg decoded already is taken as is."""
     if not isinstance(value, str):
         return value, None
+    if value == "{}":  # most jobs' meta, and the args of tasks without arguments
+        return {}, None
     try:
         loaded = json.loads(value)
     except RecursionError:
