@@ -244,20 +244,20 @@ async def test_jobs_claimed_far_ahead_are_given_back_untouched_when_runs_turn_lo
         gated = set(_insert(conn, "gated", slots))
         await eventually(lambda: tasks.running == slots, what="every slot running")
         sizes.claimed.clear()
-        behind = set(_insert(conn, "counted", 200))
+        behind = set(_insert(conn, "counted", 400))
         # A claim while both slots run: the jobs wait claimed ahead, far more than
         # the slots, as the last runs were short.
         await eventually(lambda: sum(len(ids) for ids in sizes.claimed) > 4 * slots,
                          what="jobs claimed ahead")
         assert _claimed_here(conn, worker.worker_id) > 4 * slots
-        # The gated runs end having run for longer than that claim took: the
-        # buffer is more than the slots now finish during a claim, and its tail
-        # is given back untouched.
+        # The gated runs end having run for longer than that claim took: at
+        # their pace the buffer's last jobs would wait for seconds, and the
+        # tail is given back untouched.
         tasks.gate.set()
         await eventually(lambda: sizes.cut_back, what="the buffer cut back")
         given = set(sizes.cut_back[0])
         assert given and given <= behind and not given & ran_when_cut[0]
-        await eventually(lambda: worker.counts["succeeded"] == 10 * slots + slots + 200,
+        await eventually(lambda: worker.counts["succeeded"] == 10 * slots + slots + 400,
                          what="the rest", within=30)
     assert set(runs) == behind and set(runs.values()) == {1}  # each ran once
     rows = conn.execute("SELECT state::text, attempt, errors FROM akadze.jobs "

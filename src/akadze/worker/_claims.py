@@ -10,8 +10,8 @@ claimed to ``start`` (the runner) as slots are free. It claims
   in a small buffer (claimed, not started) and start the moment a run ends, so
   a slot does not wait for a claim's round trip. How far ahead
   (:meth:`ClaimLoop.ahead`) follows the queue's runs: about as many as the
-  slots finish during one claim, at most the slot count or, for runs much
-  shorter than a claim, up to :data:`SHORT_RUNS_CLAIM` jobs per claim (a claim
+  slots finish during one claim, at most the slot count or, for runs :data:`FAR`
+  times shorter than a claim, up to :data:`SHORT_RUNS_CLAIM` jobs per claim (a claim
   costs about a millisecond of fixed work on each side, so a queue of no-op
   jobs is claimed in large batches: 20 slots claim up to 512 jobs, not 40), and
   none while the queue's runs take long against a claim (a job must not wait
@@ -19,9 +19,10 @@ claimed to ``start`` (the runner) as slots are free. It claims
   keys (a buffered job holds a place of its key's ``max_running``). A queue whose
   runs are much shorter than a claim (no-op jobs) waits up to half a claim's
   duration for the room to fill, so that each claim takes the most it may.
-  When the runs turn longer, the buffer is cut back: beyond twice what the
-  slots now finish during one claim (and beyond the slot count), the jobs
-  claimed last are given back untouched as runs end (:meth:`ClaimLoop._ended`).
+  When the runs turn longer, the buffer is cut back as runs end: the jobs
+  claimed last that would wait longer than two claims and
+  :data:`CUT_BACK_WAIT` at the slots' new pace (and beyond the slot count) are
+  given back untouched (:meth:`ClaimLoop._cut_back`).
 
 A buffered job is running in the database, claimed by this worker and covered
 by its lease. It is given back, leaving no trace (it never started), when the
@@ -66,11 +67,18 @@ HandBack = Callable[[ClaimedJob], None]
 SMOOTHING = 0.2
 #: A queue whose claims take this many times its runs claims full batches.
 SATURATED = 4
-#: Jobs a queue whose runs are much shorter than a claim takes per claim at most
-#: (its slots and those claimed ahead), when that is more than twice its slots.
+#: A queue whose runs are this many times shorter than its claims (runs that do
+#: no I/O: a run that talks to the database once is not) claims far ahead ...
+FAR = 20
+#: ... up to this many jobs per claim (its slots and those claimed ahead), when
+#: that is more than twice its slots.
 #: Measured on 2 cores (no-op jobs, 20 slots): claims of 40 jobs drained 3 600
 #: jobs/s, of 100 5 800, of 200 7 200, of 400 9 400 (benchmarks/pipelined-worker.md).
 SHORT_RUNS_CLAIM = 512
+#: Seconds a job claimed ahead may wait for a slot (or two claims' time, when that
+#: is longer) before it is given back for another worker: a bound that the noise of
+#: a loaded host (no-op runs measured at a millisecond) does not reach.
+CUT_BACK_WAIT = 0.25
 
 
 class ClaimLoop:
@@ -120,13 +128,16 @@ class ClaimLoop:
     def ahead(self) -> int:
         """How many jobs the loop claims beyond the slots: about as many as the
         slots finish during one claim (the slots' count times a claim's duration
-        over a run's), at most the slots' count or what SHORT_RUNS_CLAIM leaves
-        beside them; none before a run ended, or while the queue's jobs have
-        limit keys."""
+        over a run's), at most the slots' count or, for runs FAR times shorter
+        than a claim, what SHORT_RUNS_CLAIM leaves beside them; none before a run
+        ended, or while the queue's jobs have limit keys."""
         slots = self._settings.slots
         if self._keyed or self._run_time is None or self._claim_time is None:
             return 0
-        most = max(slots, SHORT_RUNS_CLAIM - slots)
+        if self._run_time * FAR <= self._claim_time:
+            most = max(slots, SHORT_RUNS_CLAIM - slots)
+        else:
+            most = slots
         if self._run_time <= 0:
             return most
         return min(most, int(slots * self._claim_time / self._run_time))
@@ -222,11 +233,15 @@ class ClaimLoop:
 
     def _cut_back(self) -> None:
         """The runs turned longer than when the buffer was filled: give back,
-        untouched, the jobs claimed last beyond twice what the slots now finish
-        during one claim (never below the slot count), so that they do not wait
-        here while another worker could run them."""
-        keep = 2 * max(self._settings.slots, self.ahead)
-        if len(self._buffer) <= keep or self._state.stopping:
+        untouched, the jobs claimed last that would wait here longer than two
+        claims and CUT_BACK_WAIT (at the slots' current pace; never below the
+        slot count), so that they do not wait while another worker could run
+        them."""
+        run, took, slots = self._run_time, self._claim_time, self._settings.slots
+        if run is None or took is None or run <= 0 or self._state.stopping:
+            return
+        keep = max(slots, int(slots * max(2 * took, CUT_BACK_WAIT) / run))
+        if len(self._buffer) <= keep:
             return
         ids = list(self._buffer)[keep:]
         for job_id in ids:
