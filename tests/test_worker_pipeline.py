@@ -231,6 +231,13 @@ async def test_jobs_claimed_far_ahead_are_given_back_untouched_when_runs_turn_lo
     async def counted() -> None:
         runs[current().id] = runs.get(current().id, 0) + 1
 
+    @app.task("long")
+    async def long() -> None:
+        # Runs that turn long: past the gate, half a second each (the workload,
+        # not a synchronisation), far longer than a claim.
+        await tasks.gate.wait()
+        await asyncio.sleep(0.5)
+
     def on_event(event: WorkerEvent) -> None:
         tasks(event)
         sizes(event)
@@ -241,8 +248,8 @@ async def test_jobs_claimed_far_ahead_are_given_back_untouched_when_runs_turn_lo
         _insert(conn, "quick", 10 * slots)  # runs much shorter than a claim
         await eventually(lambda: worker.counts["succeeded"] == 10 * slots, what="the warm-up")
         await worker.wait_idle()
-        gated = set(_insert(conn, "gated", slots))
-        await eventually(lambda: tasks.running == slots, what="every slot running")
+        gated = set(_insert(conn, "long", slots))
+        await eventually(lambda: worker.running == slots, what="every slot running")
         sizes.claimed.clear()
         behind = set(_insert(conn, "counted", 400))
         # A claim while both slots run: the jobs wait claimed ahead, far more than
@@ -250,9 +257,8 @@ async def test_jobs_claimed_far_ahead_are_given_back_untouched_when_runs_turn_lo
         await eventually(lambda: sum(len(ids) for ids in sizes.claimed) > 4 * slots,
                          what="jobs claimed ahead")
         assert _claimed_here(conn, worker.worker_id) > 4 * slots
-        # The gated runs end having run for longer than that claim took: at
-        # their pace the buffer's last jobs would wait for seconds, and the
-        # tail is given back untouched.
+        # The long runs end: at their pace the buffer's last jobs would wait
+        # for minutes, and the tail is given back untouched.
         tasks.gate.set()
         await eventually(lambda: sizes.cut_back, what="the buffer cut back")
         given = set(sizes.cut_back[0])
