@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from worker_support import eventually
 
 from akadze import (
     Akadze,
@@ -16,10 +17,12 @@ from akadze import (
     Fail,
     JobNotFound,
     JobState,
+    MigrationError,
     Worker,
     request_cancel_sync,
     wait_for,
     wait_for_sync,
+    waiters,
 )
 
 
@@ -137,3 +140,84 @@ def test_a_connection_in_a_transaction_is_polled_without_a_lock(
     assert found[0].state is JobState.CANCELLED
     assert conn.execute("SELECT awaited FROM akadze.jobs WHERE id = %s",
                         (job_id,)).fetchone() == (False,)
+
+
+def _connections(conn: Any) -> tuple[int, int]:
+    """(the shared waiters' connections, every other one but ``conn``) of this database."""
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE application_name = %s), "
+        "count(*) FILTER (WHERE application_name <> %s AND pid <> pg_backend_pid()) "
+        "FROM pg_stat_activity WHERE datname = current_database()",
+        (waiters.APPLICATION_NAME, waiters.APPLICATION_NAME)).fetchone()
+    return int(row[0]), int(row[1])
+
+
+@pytest.mark.timeout(300)
+async def test_a_thousand_waiters_of_one_process_share_one_connection(
+        app: Akadze, conn: Any, tasks: dict[str, Any]) -> None:
+    # 1 000 async waiters and 20 threads of wait_for_sync, all at once, on the app and
+    # on its URL: one connection of the process LISTENs and marks for all of them, and
+    # one statement ending every job wakes them all with terminal summaries.
+    ids = tasks["gated"].using().enqueue_many_sync([{"n": n} for n in range(1000)])
+    conn.execute("UPDATE akadze.jobs SET state = 'running' WHERE id = ANY(%s)", (ids,))
+    waits = [asyncio.create_task(wait_for(app if n % 2 else app.database_url, job_id,
+                                          timeout=120, poll_interval=60))
+             for n, job_id in enumerate(ids)]
+    threads = [asyncio.create_task(asyncio.to_thread(wait_for_sync, app, job_id, timeout=120,
+                                                     poll_interval=60))
+               for job_id in ids[:20]]
+
+    def all_marked() -> bool:
+        row = conn.execute("SELECT count(*) FROM akadze.jobs WHERE awaited").fetchone()
+        return bool(row == (1000,))
+
+    await eventually(all_marked, within=120, what="every job marked")
+    assert _connections(conn) == (1, 0)
+    assert not any(w.done() for w in waits + threads)
+    conn.execute("UPDATE akadze.jobs SET state = 'succeeded', finished_at = now(), "
+                 "result = to_jsonb(id) WHERE id = ANY(%s)", (ids,))
+    summaries = await asyncio.wait_for(asyncio.gather(*waits, *threads), 120)
+    assert [s.id for s in summaries] == ids + ids[:20]
+    assert all(s.state is JobState.SUCCEEDED and s.result == s.id for s in summaries)
+    # the shared connection closes a little after its last waiter
+    await eventually(lambda: _connections(conn) == (0, 0), within=30,
+                     what="the shared connection closed")
+
+
+async def test_the_shared_waiters_poll_and_report_errors(
+        app: Akadze, conn: Any, tasks: dict[str, Any], empty_database_url: str) -> None:
+    quiet, deleted, ends = tasks["gated"].using().enqueue_many_sync([{}, {}, {}])
+    conn.execute("UPDATE akadze.jobs SET state = 'running' WHERE id = ANY(%s)",
+                 ([quiet, deleted, ends],))
+    unnotified = asyncio.create_task(wait_for(app, quiet, timeout=60, poll_interval=0.05))
+    gone = asyncio.create_task(wait_for(app, deleted, timeout=60, poll_interval=0.05))
+    timed_out = asyncio.create_task(wait_for(app, ends, timeout=0.5, poll_interval=60))
+    await eventually(lambda: conn.execute("SELECT count(*) FROM akadze.jobs WHERE awaited")
+                     .fetchone() == (3,), what="the jobs marked")
+    # no trigger fires in replica mode: no notification, the poll finds the end
+    conn.execute("SET session_replication_role = replica")
+    conn.execute("UPDATE akadze.jobs SET state = 'failed', finished_at = now() WHERE id = %s",
+                 (quiet,))
+    conn.execute("RESET session_replication_role")
+    conn.execute("DELETE FROM akadze.jobs WHERE id = %s", (deleted,))
+    assert (await asyncio.wait_for(unnotified, 30)).state is JobState.FAILED
+    with pytest.raises(JobNotFound, match="deleted while awaited"):
+        await asyncio.wait_for(gone, 30)
+    with pytest.raises(TimeoutError, match=f"job {ends} is still running after 0.5 s"):
+        await timed_out
+    with pytest.raises(MigrationError):  # the error of the shared connection, not a hang
+        await asyncio.wait_for(wait_for(empty_database_url, 1, timeout=30), 30)
+    with pytest.raises(ConfigurationError, match="connect"):
+        await asyncio.wait_for(wait_for("postgresql://postgres@127.0.0.1:1/none", 1,
+                                        timeout=30), 30)
+
+
+async def test_the_shared_connection_closes_soon_after_its_last_waiter_left(
+        app: Akadze, conn: Any, tasks: dict[str, Any]) -> None:
+    # The last waiter times out while the connection sleeps towards a poll a minute
+    # away: it is closed a linger after that waiter left, not at the poll.
+    job_id = tasks["gated"].using().enqueue_sync()
+    with pytest.raises(TimeoutError):
+        await wait_for(app, job_id, timeout=0.5, poll_interval=60)
+    await eventually(lambda: _connections(conn) == (0, 0), within=waiters.LINGER * 5,
+                     what="the shared connection closed")

@@ -5,6 +5,7 @@ before any statement, and nothing is written."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -132,3 +133,55 @@ async def test_the_dashboard_refuses_a_body_nested_too_deeply(
     assert answer.json() == {"ok": False,
                              "error": "the body is not JSON (or is nested too deeply)"}
     assert conn.execute("SELECT count(*) FROM akadze.queue_pauses").fetchone() == (0,)
+
+
+async def test_a_job_stored_too_deep_to_read_is_shown_marked_unreadable(
+        app: Akadze, conn: psycopg.Connection[Any], database_url: str) -> None:
+    # Written by SQL, as another tool could: jsonb takes nesting that Python's json
+    # cannot read back. Every reader of the job shows it, its unreadable parts left out
+    # and named, instead of failing on RecursionError.
+    import httpx
+
+    from akadze.dashboard import create_app
+    from akadze.overview import get_job, get_job_sync
+
+    deep = '{"a": ' + DEEP + "}"
+    error = '[{"error": "E", "message": "m", "attempt": 1, "x": ' + DEEP + "}]"
+    row = conn.execute(
+        "INSERT INTO akadze.jobs (queue, task, args, meta, result, errors, state)"
+        " VALUES ('q', 't', %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, 'failed')"
+        " RETURNING id", (deep, deep, DEEP, error)).fetchone()
+    assert row is not None
+    job_id = int(row[0])
+    for job in (get_job_sync(app, job_id), await get_job(app, job_id)):
+        assert (job.args, job.meta, job.result, job.errors) == ({}, {}, None, [])
+        assert job.unreadable == "; ".join(
+            f"{column}: nested too deeply to read (past Python's recursion limit)"
+            for column in ("meta", "args", "errors", "result"))
+    listed = list_jobs_sync(app, queue="q")
+    assert [(j.id, j.meta, j.last_error) for j in listed] == [(job_id, {}, None)]
+    assert listed[0].unreadable is not None and listed[0].unreadable.startswith("meta: ")
+    # The CLI shows it (and its JSON), one clean exit.
+    for extra in ([], ["--json"]):
+        shown = await asyncio.to_thread(
+            subprocess.run, [AKADZE, "jobs", "show", str(job_id), *extra,
+                             "--database-url", database_url],
+            capture_output=True, text=True, check=False, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert "nested too deeply" in shown.stdout and "Traceback" not in shown.stderr
+    listed_cli = await asyncio.to_thread(
+        subprocess.run, [AKADZE, "jobs", "list", "--database-url", database_url],
+        capture_output=True, text=True, check=False, timeout=60)
+    assert listed_cli.returncode == 0, listed_cli.stderr
+    assert str(job_id) in listed_cli.stdout
+    # So does the dashboard: the job's page and its JSON.
+    asgi = create_app(app.database_url)
+    transport = httpx.ASGITransport(app=asgi, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        page = await client.get(f"/jobs/{job_id}")
+        api = await client.get(f"/api/jobs/{job_id}")
+        jobs_page = await client.get("/jobs?queue=q")
+    await asgi.state.dashboard.close()
+    assert page.status_code == 200 and "cannot be read here" in page.text
+    assert api.status_code == 200 and api.json()["job"]["unreadable"].startswith("meta: ")
+    assert jobs_page.status_code == 200 and str(job_id) in jobs_page.text

@@ -18,7 +18,7 @@ import psycopg
 from worker_support import Events, eventually, insert_job, job, wait_event
 
 from akadze import Akadze, Worker
-from akadze.worker._state import wait_for
+from akadze.worker._state import cancel_until_done, wait_for
 
 
 async def test_a_graceful_stop_lets_running_jobs_finish(
@@ -264,3 +264,36 @@ async def test_a_background_wait_ends_when_cancelled_as_its_event_fires() -> Non
     # the two apart, or it proves nothing.
     assert await _cancelled_as_the_event_fires(wait_for)
     assert not await _cancelled_as_the_event_fires(_lossy_wait_for)
+
+
+async def test_a_stop_ends_a_background_loop_whose_library_lost_the_cancellation() -> None:
+    # The worker's own waits keep a cancellation, but a library's may not: psycopg_pool
+    # waits for a connection with asyncio.wait_for, which on Python 3.11 loses one that
+    # comes as the wait ends (gh-86296). The cancellation poll then went round again on
+    # a database without the schema, and the stop waited for it forever (a hang seen
+    # under load in test_a_worker_refuses_a_database_without_the_schema). The stop
+    # cancels again until every background task has ended.
+    event = asyncio.Event()
+    waiting = asyncio.Event()
+
+    async def background_loop() -> None:
+        while True:
+            waiting.set()
+            await _lossy_wait_for(event, 10.0)
+            event.clear()
+
+    for stop in ("cancel once", cancel_until_done):
+        loop_task = asyncio.create_task(background_loop())
+        await waiting.wait()
+        event.set()  # the wait ends in the same turn as the cancellation comes
+        if stop == "cancel once":
+            loop_task.cancel()
+            done, _ = await asyncio.wait({loop_task}, timeout=2.0)
+            assert not done  # the lost cancellation: one cancel does not end it
+            loop_task.cancel()  # (it waits again now, and this one is kept)
+            await asyncio.wait({loop_task}, timeout=5.0)
+        else:
+            async with asyncio.timeout(10.0):
+                await cancel_until_done([loop_task])
+        assert loop_task.cancelled()
+        waiting.clear()

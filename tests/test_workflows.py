@@ -285,6 +285,96 @@ def test_children_enqueued_while_their_parents_finish_are_never_stuck(
         thread.start()
     for thread in threads:
         thread.join()
-    rows = conn.execute("SELECT state::text, waiting_for FROM akadze.jobs WHERE id = ANY(%s)",
-                        (children,)).fetchall()
+    rows = conn.execute(
+        "SELECT state::text, (SELECT count(*) FROM akadze.job_dependencies d "
+        "WHERE d.child_id = j.id AND NOT d.done) FROM akadze.jobs j WHERE id = ANY(%s)",
+        (children,)).fetchall()
     assert len(rows) == 60 and set(rows) == {("queued", 0)}
+
+
+def test_a_fan_in_row_is_written_once_its_parents_count_on_their_edges(
+        app: Akadze, conn: Any, flow: dict[str, Any]) -> None:
+    # Each parent's end marks its own edge done and takes the child's row lock without
+    # writing the row: the fan-in's row keeps the version the enqueue wrote until its
+    # release (before migration 0013, each parent rewrote it to decrement a counter).
+    parents = [Job({"n": i}) for i in range(200)]
+    ids = flow["step"].using().enqueue_many_sync([*parents, Job({"n": -1}, after=parents)])
+    child = ids[-1]
+    conn.execute("UPDATE akadze.jobs SET state = 'running' WHERE id = ANY(%s)", (ids[:-1],))
+    written = conn.execute("SELECT xmin::text FROM akadze.jobs WHERE id = %s",
+                           (child,)).fetchone()
+    for parent in ids[:-2]:
+        conn.execute("UPDATE akadze.jobs SET state = 'succeeded', finished_at = now() "
+                     "WHERE id = %s", (parent,))
+    assert conn.execute("SELECT xmin::text, state::text FROM akadze.jobs WHERE id = %s",
+                        (child,)).fetchone() == (written[0], "waiting")
+    assert get_job_sync(app, child).waiting_for == 1
+    pending = conn.execute("SELECT count(*) FROM akadze.job_dependencies "
+                           "WHERE child_id = %s AND NOT done", (child,)).fetchone()
+    assert pending == (1,)
+    conn.execute("UPDATE akadze.jobs SET state = 'succeeded', finished_at = now() "
+                 "WHERE id = %s", (ids[-2],))
+    assert _state(conn, child) == "queued"
+    assert get_job_sync(app, child).waiting_for == 0
+
+
+def test_a_parent_ending_in_a_repeatable_read_transaction_is_refused(
+        app: Akadze, database_url: str, conn: Any, flow: dict[str, Any]) -> None:
+    # REPEATABLE READ keeps its first snapshot: two parents ending at once could each
+    # miss the other's edge and leave the child waiting. The end is refused, clearly;
+    # READ COMMITTED and SERIALIZABLE release the child.
+    parent = flow["step"].using().enqueue_sync(n=1)
+    lonely = flow["step"].using().enqueue_sync(n=2)
+    child = flow["step"].using(after=[parent]).enqueue_sync(n=3)
+    finish = "UPDATE akadze.jobs SET state = 'succeeded', finished_at = now() WHERE id = %s"
+    with psycopg.connect(database_url) as mine:
+        mine.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        mine.execute(finish, (lonely,))  # no children: nothing to count
+        mine.commit()
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                           match="READ COMMITTED"):
+            mine.execute(finish, (parent,))
+        mine.rollback()
+        mine.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        mine.execute(finish, (parent,))
+        mine.commit()
+    assert _state(conn, child) == "queued"
+
+
+def test_a_parent_deleted_before_it_finished_counts_as_cancelled(
+        app: Akadze, conn: Any, flow: dict[str, Any]) -> None:
+    # DELETE FROM akadze.jobs by hand (or any tool): a "cancel" child is cancelled
+    # naming the deleted parent, and its subtree with it; a "run" child counts the
+    # parent as done; a child deleted with its parent is simply gone; no edge is left
+    # to a job that does not exist.
+    gone = flow["step"].using(delay=3600).enqueue_sync(n=1)
+    kept = flow["step"].using(delay=3600).enqueue_sync(n=2)
+    child = flow["step"].using(after=[gone, kept]).enqueue_sync(n=3)
+    grandchild = flow["step"].using(after=[child]).enqueue_sync(n=4)
+    anyway = flow["step"].using(after=[gone], after_policy="run").enqueue_sync(n=5)
+    anyway_two = flow["step"].using(after=[gone, kept], after_policy="run").enqueue_sync(n=6)
+    conn.execute("DELETE FROM akadze.jobs WHERE id = %s", (gone,))
+    assert [_state(conn, i) for i in (child, grandchild, anyway, anyway_two)] == [
+        "cancelled", "cancelled", "queued", "waiting"]
+    entry = get_job_sync(app, child).errors[-1]
+    assert entry["error"] == "ParentDeleted" and entry["parent"] == gone
+    assert str(gone) in entry["message"]
+    assert get_job_sync(app, grandchild).errors[-1]["error"] == "ParentFailed"
+    assert get_job_sync(app, anyway_two).waiting_for == 1
+    orphans = conn.execute(
+        "SELECT count(*) FROM akadze.job_dependencies d "
+        "WHERE NOT EXISTS (SELECT 1 FROM akadze.jobs p WHERE p.id = d.parent_id)")
+    assert orphans.fetchone() == (0,)
+    # a parent and its children deleted in one statement; a finished parent deleted
+    root = flow["step"].using(delay=3600).enqueue_sync(n=7)
+    leaves = [flow["step"].using(after=[root]).enqueue_sync(n=8 + k) for k in range(3)]
+    deleted = conn.execute("DELETE FROM akadze.jobs WHERE id = ANY(%s)", ([root, *leaves],))
+    assert deleted.rowcount == 4
+    conn.execute("UPDATE akadze.jobs SET run_at = now() WHERE id = %s", (kept,))
+    asyncio.run(drain(app))
+    assert _state(conn, anyway_two) == "succeeded"
+    conn.execute("DELETE FROM akadze.jobs WHERE id = %s", (kept,))
+    assert _state(conn, anyway_two) == "succeeded"
+    assert conn.execute("SELECT count(*) FROM akadze.job_dependencies d WHERE NOT EXISTS "
+                        "(SELECT 1 FROM akadze.jobs p WHERE p.id = d.parent_id)"
+                        ).fetchone() == (0,)

@@ -7,13 +7,14 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
-from . import arguments, database, schedules
+from . import arguments, database, enqueue, schedules
 from .backoff import BackoffPolicy
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import AkadzeError, ConfigurationError, ScheduleError, UnknownTask
 from .hooks import Hook
+from .jobspec import Job
 from .schedules import Schedule, ScheduleOptions
-from .sessions import DatabaseSource
+from .sessions import DatabaseSource, Session, SyncSession
 from .tasks import Task, TaskFunction
 
 if TYPE_CHECKING:  # SQLAlchemy is optional: imported when app.engine is first used
@@ -193,6 +194,24 @@ class Akadze(DatabaseSource):
             return self.tasks[name]
         except KeyError:
             raise UnknownTask(f"no task named {name!r} is registered", field="task") from None
+
+    # -- graphs of several tasks --------------------------------------------------
+
+    async def enqueue_many(self, items: Iterable[Job], /, *,
+                           session: Session = None) -> list[int]:
+        """Insert jobs of several tasks in one call: each item a :class:`Job` made by
+        ``task.job(args, **options)`` (or ``Job(args, task=...)``), whose ``after`` may
+        name other items of the call, of any task, so that a whole fan-out/fan-in graph
+        is one COPY in one transaction. ``session`` as for ``task.using(session=...)``
+        (None: the app's database, committed before the call returns). Returns the ids
+        in item order; a bad item, an unknown parent id or a cycle raises EnqueueError
+        and nothing is inserted."""
+        return await enqueue.enqueue_graph(self, items, session=session)
+
+    def enqueue_many_sync(self, items: Iterable[Job], /, *,
+                          session: SyncSession = None) -> list[int]:
+        """The sync twin of :meth:`enqueue_many`."""
+        return enqueue.enqueue_graph_sync(self, items, session=session)
 
     # -- periodic schedules -------------------------------------------------------
 

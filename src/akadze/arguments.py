@@ -287,10 +287,10 @@ def _check_size(task: HasArguments, size: int, max_bytes: int, where: str) -> No
         raise EnqueueError(f"{where}task {task.name!r}: {too_big}", field="args")
 
 
-def validate_many(task: HasArguments, arg_dicts: list[Any]) -> list[Any]:
-    """Validate the arguments of many jobs in one call (enqueue_many). What only
-    serialization can find is checked by :func:`dump_many`. Raises EnqueueError naming
-    the first bad item."""
+def validate_many(task: HasArguments, arg_dicts: list[Any], start: int = 0) -> list[Any]:
+    """Validate the arguments of many jobs in one call (enqueue_many; items ``start``
+    onwards of a batch). What only serialization can find is checked by
+    :func:`dump_many`. Raises EnqueueError naming the first bad item."""
     if not arg_dicts:
         return []
     try:
@@ -298,7 +298,8 @@ def validate_many(task: HasArguments, arg_dicts: list[Any]) -> list[Any]:
     except pydantic.ValidationError as exc:
         index = exc.errors()[0]["loc"][0]
         message, first = describe_errors(task.name, exc, skip=1)
-        raise EnqueueError(f"item {index}: {message}", field=first or None) from None
+        shown = start + index if isinstance(index, int) else index
+        raise EnqueueError(f"item {shown}: {message}", field=first or None) from None
 
 
 def dump_many(task: HasArguments, validated: Sequence[Any],

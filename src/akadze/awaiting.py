@@ -10,11 +10,14 @@ each notification of its job and, as a fallback (a lost notification, a connecti
 cannot LISTEN), every ``poll_interval`` seconds.
 
 ``source`` is what the operations take (the app, a URL, a psycopg connection or pool,
-a SQLAlchemy engine or connection). A connection of akadze's own (from the app or a
-URL) listens; a connection in autocommit mode outside a transaction does too; any
-other (a transaction of the caller's, a pool's connection not in autocommit mode) is
-polled, without the mark, so that no lock of the caller's transaction holds the
-job's outcome back. The pair is two thin calls of one dialog (akadze.dialog).
+a SQLAlchemy engine or connection). For the app or a URL, the waits of a process share
+one connection per database (akadze.waiters): a thousand waiters hold one connection,
+their marks and polls are one statement each. A connection given in autocommit mode
+outside a transaction listens itself; any other (a transaction of the caller's, an
+engine's or a pool's connection, not in autocommit mode) is polled, without the mark,
+so that no lock of the caller's transaction holds the job's outcome back. For those,
+the pair is two thin calls of one dialog (akadze.dialog); for the shared connection,
+of one waiter (akadze.waiters).
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ import math
 import time
 from datetime import timedelta
 
-from . import dialog, queries
+from . import dialog, queries, waiters
 from .dialog import Dialog
 from .errors import ConfigurationError, JobNotFound
 from .jobs import check_job_id
 from .overview import JobSummary, get_job_dialog
-from .sessions import Session, SyncSession
+from .sessions import Session, SyncSession, url_source
 
 __all__ = ["wait_for", "wait_for_sync"]
 
@@ -48,11 +51,17 @@ def _seconds(value: object, name: str, *, none: bool) -> float | None:
     return float(value)
 
 
-def _wait(job_id: object, timeout: object, poll_interval: object) -> Dialog[JobSummary]:
+def _checked(job_id: object, timeout: object, poll_interval: object
+             ) -> tuple[int, float | None, float]:
     checked = check_job_id(job_id)
     limit = _seconds(timeout, "timeout", none=True)
     poll = _seconds(poll_interval, "poll_interval", none=False)
     assert poll is not None
+    return checked, limit, poll
+
+
+def _wait(job_id: object, timeout: object, poll_interval: object) -> Dialog[JobSummary]:
+    checked, limit, poll = _checked(job_id, timeout, poll_interval)
     deadline = None if limit is None else time.monotonic() + limit
     listening = yield from dialog.idle()
     if listening:
@@ -86,6 +95,9 @@ async def wait_for(source: Session, job_id: int, *,
     """The summary of job ``job_id`` once it has succeeded, failed or been cancelled.
     Raises TimeoutError when ``timeout`` (seconds or a timedelta; None: no limit)
     passes first, JobNotFound for an unknown id."""
+    url = url_source(source)
+    if url is not None:
+        return await waiters.wait(url, *_checked(job_id, timeout, poll_interval))
     return await dialog.read(source, _wait(job_id, timeout, poll_interval))
 
 
@@ -93,4 +105,7 @@ def wait_for_sync(source: SyncSession, job_id: int, *,
                   timeout: float | timedelta | None = None,
                   poll_interval: float | timedelta = DEFAULT_POLL) -> JobSummary:
     """The sync twin of :func:`wait_for`."""
+    url = url_source(source)
+    if url is not None:
+        return waiters.wait_sync(url, *_checked(job_id, timeout, poll_interval))
     return dialog.read_sync(source, _wait(job_id, timeout, poll_interval))

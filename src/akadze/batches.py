@@ -4,7 +4,9 @@
 
 A batch may insert only some of its items (:attr:`Batch.rows`): an item whose
 ``unique_key`` is held by another job is answered with that job's id instead
-(akadze.uniqueness decides which).
+(akadze.uniqueness decides which). Its items are jobs of one task (``task.using()
+.enqueue_many``), or of several (``app.enqueue_many``, :func:`build_graph_batch`: each
+item a :class:`Job` that names its task), in one COPY either way.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from . import arguments, dependencies
 from .dependencies import Start
 from .errors import EnqueueError
 from .jobs import EnqueuedJob
-from .jobspec import Job, Options, TaskSpec, build_options
+from .jobspec import Job, Options, TaskSpec, build_options, default_options
 
 # Rows per chunk handed to COPY: the next chunk is formatted while the server
 # ingests the previous one.
@@ -76,6 +78,11 @@ class Batch:
     # (child item, parent, parent is an item, parent had ended) of the rows' edges:
     # the parent is an item index when it is an item, else an existing job's id.
     edges: list[tuple[int, int, bool, bool]] = field(default_factory=list)
+    # The task of each item, or None when every item is a job of ``task``.
+    item_tasks: list[TaskSpec] | None = None
+
+    def task_of(self, index: int) -> TaskSpec:
+        return self.task if self.item_tasks is None else self.item_tasks[index]
 
     @property
     def size(self) -> int:
@@ -104,9 +111,11 @@ class Batch:
             return [] if self.options.unique_key is None else [self.options.unique_key]
         return sorted({o.unique_key for o in self.item_options if o.unique_key is not None})
 
-    def _row_parts(self, options: Options, now: datetime) -> tuple[str, str]:
+    def _row_parts(self, options: Options, now: datetime, task: TaskSpec | None = None
+                   ) -> tuple[str, str]:
         """The text of a row around its id and args: ``id{head}args{tail}``."""
-        head = f"\t{copy_text(options.queue)}\t{copy_text(self.task.name)}\t"
+        name = (task or self.task).name
+        head = f"\t{copy_text(options.queue)}\t{copy_text(name)}\t"
         tail = [str(options.priority), str(options.max_attempts)]
         columns = self.columns
         if "run_at" in columns:
@@ -123,37 +132,42 @@ class Batch:
         return head, "\t" + "\t".join(tail) + "\n"
 
     def _graph_tail(self, index: int) -> str:
-        """The state, waiting_for and dependents of a row (the last COPY columns)."""
+        """The state and dependents of a row (the last COPY columns)."""
         if "state" not in self.columns:
             return ""
         start = self.starts.get(index)
-        state, waiting = ("queued", 0) if start is None else (start.state, start.waiting_for)
-        return f"\t{state}\t{waiting}\t{'t' if index in self.parent_rows else 'f'}"
+        state = "queued" if start is None else start.state
+        return f"\t{state}\t{'t' if index in self.parent_rows else 'f'}"
 
     def serialize(self, indexes: Sequence[int]) -> list[str]:
         """The JSON text of the arguments of the items at ``indexes`` (the rows of a
         batch that inserts some of its items, the arguments of replaced duplicates)."""
         return [
-            arguments.dump_many(self.task, [self.validated[i]], self.arg_dicts, i,
+            arguments.dump_many(self.task_of(i), [self.validated[i]], self.arg_dicts, i,
                                 max_bytes=self.task.app.max_args_bytes)[0]
             for i in indexes
         ]
 
     def _texts(self, start: int, stop: int) -> list[str]:
-        if self.rows is None:
-            return arguments.dump_many(self.task, self.validated[start:stop], self.arg_dicts,
-                                       start, max_bytes=self.task.app.max_args_bytes)
-        return self.serialize(self.rows[start:stop])
+        if self.rows is not None:
+            return self.serialize(self.rows[start:stop])
+        texts: list[str] = []
+        for first, last in _runs(self.item_tasks, start, stop):  # one call per task's run
+            texts.extend(arguments.dump_many(
+                self.task_of(first), self.validated[first:last], self.arg_dicts, first,
+                max_bytes=self.task.app.max_args_bytes))
+        return texts
 
     def copy_chunks(self, ids: Sequence[int], now: datetime) -> Iterator[str]:
         """The COPY text-format data of the inserted rows (``ids`` theirs, in order), in
         chunks of COPY_CHUNK_ROWS rows."""
         backslash, doubled = "\\", "\\\\"
         shared = self._row_parts(self.options, now)
-        parts_by_options: dict[int, tuple[str, str]] = {id(self.options): shared}
+        parts_by_options: dict[tuple[int, str], tuple[str, str]] = {
+            (id(self.options), self.task.name): shared}
         rows = self.inserted
         uniform = self.item_options is None and not self.row_options and (
-            "state" not in self.columns)
+            "state" not in self.columns) and self.item_tasks is None
         self.args = []
         for start in range(0, len(rows), COPY_CHUNK_ROWS):
             stop = min(start + COPY_CHUNK_ROWS, len(rows))
@@ -172,9 +186,11 @@ class Batch:
             chunk = zip(ids[start:stop], args, rows[start:stop], strict=True)
             for i, a, index in chunk:
                 options = self.options_of(index)
-                parts = parts_by_options.get(id(options))
+                task = self.task_of(index)
+                mark = (id(options), task.name)
+                parts = parts_by_options.get(mark)
                 if parts is None:
-                    parts = parts_by_options[id(options)] = self._row_parts(options, now)
+                    parts = parts_by_options[mark] = self._row_parts(options, now, task)
                 if "state" in self.columns:
                     out.append(f"{i}{parts[0]}{a}{parts[1][:-1]}{self._graph_tail(index)}\n")
                 else:
@@ -186,12 +202,26 @@ class Batch:
         for index, job_id, args in zip(self.inserted, ids, self.args, strict=True):
             options = self.options_of(index)
             yield EnqueuedJob(
-                id=job_id, queue=options.queue, task=self.task.name, args=json.loads(args),
+                id=job_id, queue=options.queue, task=self.task_of(index).name,
+                args=json.loads(args),
                 priority=options.priority, run_at=options.ready_at(now),
                 max_attempts=options.max_attempts, limit_key=options.limit_key,
                 unique_key=options.unique_key, expires_at=options.expires_at,
                 meta=dict(options.meta),
             )
+
+
+def _runs(tasks: Sequence[TaskSpec] | None, start: int, stop: int) -> Iterator[tuple[int, int]]:
+    """The runs [first, last) of items of one task within [start, stop)."""
+    if tasks is None:
+        if start < stop:
+            yield start, stop
+        return
+    first = start
+    for index in range(start + 1, stop + 1):
+        if index == stop or tasks[index] is not tasks[first]:
+            yield first, index
+            first = index
 
 
 def _columns(all_options: Iterable[Options]) -> tuple[str, ...]:
@@ -213,7 +243,7 @@ def _columns(all_options: Iterable[Options]) -> tuple[str, ...]:
     return (*_BASE_COLUMNS, *extra)
 
 
-GRAPH_COLUMNS = ("state", "waiting_for", "dependents")
+GRAPH_COLUMNS = ("state", "dependents")
 
 
 def _graph(listed: list[Mapping[str, Any] | Job], item_options: list[Options] | None,
@@ -280,6 +310,13 @@ def build_batch(
             if item_options is not None:
                 item_options.append(options)
         elif isinstance(item, Job):
+            if item.task is not None and item.task is not task and item.task != task.name:
+                named = item.task if isinstance(item.task, str) else item.task.name
+                raise EnqueueError(
+                    f"item {index}: is a job of task {named!r}, not {task.name!r}: jobs of "
+                    "several tasks are enqueued together with app.enqueue_many(...)",
+                    field="task",
+                )
             if item_options is None:
                 item_options = [options] * index
             item_options.append(
@@ -308,3 +345,34 @@ def build_batch(
         columns = (*columns, *GRAPH_COLUMNS)
     return Batch(task, options, arg_dicts, validated, item_options, columns, items=listed,
                  item_parents=item_parents, job_parents=job_parents)
+
+
+def build_graph_batch(tasks: Sequence[TaskSpec], items: Sequence[Job]) -> Batch:
+    """Check the items of ``app.enqueue_many``: each a :class:`Job` of its own task
+    (``tasks[i]``, resolved by the caller), its options over that task's defaults.
+    Raises EnqueueError naming the first bad item."""
+    listed = list(items)
+    arg_dicts: list[Any] = []
+    item_options: list[Options] = []
+    for index, (task, item) in enumerate(zip(tasks, listed, strict=True)):
+        item_options.append(build_options(task, item.options, base=default_options(task),
+                                          where=f"item {index}: "))
+        if not isinstance(item.args, Mapping):
+            raise EnqueueError(
+                f"item {index}: Job.args must be a mapping of arguments, got "
+                f"{type(item.args).__name__}",
+                field="args",
+            )
+        arg_dicts.append(dict(item.args))
+    first = default_options(tasks[0])
+    item_parents, job_parents = _graph(list(listed), item_options, first)
+    by_item = list(tasks)
+    validated: list[Any] = []
+    for start, stop in _runs(by_item, 0, len(listed)):  # one pydantic call per run
+        validated.extend(arguments.validate_many(by_item[start], arg_dicts[start:stop], start))
+    columns = _columns([first, *item_options])
+    if item_parents or job_parents:
+        columns = (*columns, *GRAPH_COLUMNS)
+    return Batch(tasks[0], first, arg_dicts, validated, item_options, columns,
+                 items=list(listed), item_parents=item_parents, job_parents=job_parents,
+                 item_tasks=by_item)

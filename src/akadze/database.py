@@ -232,9 +232,12 @@ def describe(url: str) -> str:
     return mask_password(url)
 
 
-def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[tuple[object, ...]]:
+def connect(url: str, *, autocommit: bool = True, application_name: str | None = None
+            ) -> psycopg.Connection[tuple[object, ...]]:
+    extra: dict[str, Any] = {} if application_name is None else {
+        "application_name": application_name}
     try:
-        return psycopg.connect(normalize_url(url), autocommit=autocommit)
+        return psycopg.connect(normalize_url(url), autocommit=autocommit, **extra)
     except (psycopg.OperationalError, psycopg.ProgrammingError, ValueError) as exc:
         raise _cannot_connect(url, exc) from None
 

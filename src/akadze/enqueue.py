@@ -7,6 +7,11 @@
   return their ids in item order. An item is a mapping of arguments or a :class:`Job`
   (arguments plus options of its own).
 
+``app.enqueue_many(items, session=...)`` (:func:`enqueue_graph` and its ``_sync`` twin)
+inserts jobs of several tasks in one call, each item a :class:`Job` naming its task
+(``task.job(args, ...)``): a fan-out of one task with a fan-in of another is one COPY
+in one transaction.
+
 Everything is validated before the first statement (a bad option or argument raises
 :class:`~akadze.errors.EnqueueError` naming it, and nothing is inserted). The pure
 checks and the COPY formatting live in :mod:`akadze.jobspec` (arguments in
@@ -26,7 +31,7 @@ from psycopg import pq, sql
 from psycopg.types.json import Jsonb
 
 from . import dialog, hooks, queries, sessions, uniqueness, workflows
-from .batches import Batch, build_batch, check_bulk
+from .batches import Batch, build_batch, build_graph_batch, check_bulk
 from .clock import Clock
 from .dialog import Dialog
 from .errors import ConfigurationError, DuplicateJob, EnqueueError, UnknownTask
@@ -34,7 +39,7 @@ from .hooks import Hook
 from .jobspec import Job, Options, Pending, TaskSpec, build_pending
 from .sessions import Session, SyncSession
 
-__all__ = ["Enqueuer", "Job"]
+__all__ = ["Enqueuer", "Job", "enqueue_graph", "enqueue_graph_sync"]
 
 T = TypeVar("T")
 
@@ -139,38 +144,105 @@ class Enqueuer:
         return insert_many(lambda: build_batch(self.task, self.options, items), len(items),
                            list(self.task.app.on_enqueue_hooks), guard=joined)
 
-    def _source(self) -> Any:  # a source of either flavour: the session is checked later
-        return self.task.app.database_url if self.session is None else self.session
-
     async def _run(self, method: str, make: Callable[[bool], Dialog[T]]) -> T:
-        """Run the dialog ``make(joined)`` on the session: joined to its transaction, or
-        in a connection and transaction of its own for a source."""
-        if sessions.is_source(self.session):
-            return await dialog.write(self._source(), make(False))
-        if sessions.is_sync_session(self.session):
-            raise ConfigurationError(
-                f"{sessions.type_name(self.session)} is a synchronous session: call "
-                f"{method}_sync(...) instead of await {method}(...)"
-            )
-        conn = await sessions.async_connection(self.session)
-        _check_transaction(conn)
-        return await dialog.run_async(conn, make(True))
+        return await _run(self.task.app, self.session, method, make)
 
     def _run_sync(self, method: str, make: Callable[[bool], Dialog[T]]) -> T:
-        """The sync twin of :meth:`_run`."""
-        if sessions.is_source(self.session):
-            return dialog.write_sync(self._source(), make(False))
-        if sessions.is_async_session(self.session):
-            raise ConfigurationError(
-                f"{sessions.type_name(self.session)} is an asynchronous session: "
-                f"await {method.removesuffix('_sync')}(...) instead of calling {method}(...)"
-            )
-        conn = sessions.sync_connection(self.session)
-        _check_transaction(conn)
-        return dialog.run_sync(conn, make(True))
+        return _run_sync(self.task.app, self.session, method, make)
 
     def __repr__(self) -> str:
         return f"<Enqueuer task={self.task.name!r} queue={self.options.queue!r}>"
+
+
+async def _run(app: EnqueueApp, session: Any, method: str,
+               make: Callable[[bool], Dialog[T]]) -> T:
+    """Run the dialog ``make(joined)`` on the session (of either flavour: checked here):
+    joined to its transaction, or in a connection and transaction of its own for a
+    source (``None``: the app's)."""
+    if sessions.is_source(session):
+        return await dialog.write(app.database_url if session is None else session,
+                                  make(False))
+    if sessions.is_sync_session(session):
+        raise ConfigurationError(
+            f"{sessions.type_name(session)} is a synchronous session: call "
+            f"{method}_sync(...) instead of await {method}(...)"
+        )
+    conn = await sessions.async_connection(session)
+    _check_transaction(conn)
+    return await dialog.run_async(conn, make(True))
+
+
+def _run_sync(app: EnqueueApp, session: Any, method: str,
+              make: Callable[[bool], Dialog[T]]) -> T:
+    """The sync twin of :func:`_run`."""
+    if sessions.is_source(session):
+        return dialog.write_sync(app.database_url if session is None else session,
+                                 make(False))
+    if sessions.is_async_session(session):
+        raise ConfigurationError(
+            f"{sessions.type_name(session)} is an asynchronous session: "
+            f"await {method.removesuffix('_sync')}(...) instead of calling {method}(...)"
+        )
+    conn = sessions.sync_connection(session)
+    _check_transaction(conn)
+    return dialog.run_sync(conn, make(True))
+
+
+# -- a graph of several tasks: app.enqueue_many ---------------------------------------------
+
+
+def _graph_items(app: EnqueueApp, items: Iterable[Job]) -> tuple[list[Job], list[Any]]:
+    """The items of ``app.enqueue_many`` and the task of each (registered on ``app``)."""
+    check_bulk(items)
+    listed = items if isinstance(items, list) else list(items)
+    tasks: list[Any] = []
+    for index, item in enumerate(listed):
+        if not isinstance(item, Job):
+            raise EnqueueError(
+                f"item {index}: app.enqueue_many takes akadze.Job items that name their "
+                f"task (task.job(args, ...)), got {type(item).__name__}", field="items")
+        named = item.task
+        if named is None:
+            raise EnqueueError(
+                f"item {index}: the Job names no task: make it with task.job(args, ...) or "
+                "Job(args, task=...)", field="task")
+        task = app.tasks.get(named if isinstance(named, str) else named.name)
+        if task is None or not (isinstance(named, str) or task is named):
+            shown = named if isinstance(named, str) else named.name
+            raise UnknownTask(f"item {index}: task {shown!r} is not registered on this app",
+                              field="task")
+        tasks.append(task)
+    return listed, tasks
+
+
+def _graph_dialog(app: EnqueueApp, listed: list[Job], tasks: list[Any], joined: bool
+                  ) -> Dialog[list[int]]:
+    return insert_many(lambda: build_graph_batch(tasks, listed), len(listed),
+                       list(app.on_enqueue_hooks), guard=joined)
+
+
+async def enqueue_graph(app: EnqueueApp, items: Iterable[Job], /, *,
+                        session: Session = None) -> list[int]:
+    """Insert one job per item, each a :class:`Job` of its own task, in one COPY and
+    one transaction (the session's, or one of its own); return the ids in item order.
+    ``after`` may name other items, of any task: a whole graph is one call. Refused
+    (EnqueueError, nothing inserted) as ``enqueue_many`` refuses."""
+    listed, tasks = _graph_items(app, items)
+    if not listed:
+        return []
+    return await _run(app, session, "enqueue_many",
+                      lambda joined: _graph_dialog(app, listed, tasks, joined))
+
+
+def enqueue_graph_sync(app: EnqueueApp, items: Iterable[Job], /, *,
+                       session: SyncSession = None) -> list[int]:
+    """The sync twin of :func:`enqueue_graph`."""
+    listed, tasks = _graph_items(app, items)
+    if not listed:
+        return []
+    hooks.check_plain(app.on_enqueue_hooks, "on_enqueue", "enqueue_many_sync")
+    return _run_sync(app, session, "enqueue_many_sync",
+                     lambda joined: _graph_dialog(app, listed, tasks, joined))
 
 
 def _check_registered(task: EnqueueTask) -> None:
@@ -217,7 +289,6 @@ def _params(pending: Pending) -> dict[str, Any]:
         "expires_at": options.expires_at,
         "meta": options.meta_json,
         "state": "queued",
-        "waiting_for": 0,
     }
 
 
@@ -297,6 +368,9 @@ def _decide_one(pending: Pending) -> Dialog[int | None]:
             return None
         if not plan.updates:
             return answer
+        if pending.options.after:  # a replace keeps the holder's parents
+            yield from workflows.check_replaced(
+                {answer: {p for p in pending.options.after if isinstance(p, int)}})
         replaced = yield from replace_holders({answer: (pending.options, pending.args_json)})
         if answer in replaced:
             return answer
@@ -327,7 +401,7 @@ def insert_one(pending: Pending, on_enqueue: Sequence[Hook], *, guard: bool) -> 
             params = _params(pending)
             if pending.options.after:
                 begun, states = yield from workflows.plan_one(pending.options)
-                params.update(state=begun.state, waiting_for=begun.waiting_for)
+                params["state"] = begun.state
             row = yield from dialog.one(queries.get("enqueue_job"), params)
             assert row is not None
             job_id, run_at = row
@@ -435,6 +509,10 @@ def _unique_batch(batch: Batch, now: Any) -> Dialog[list[tuple[str, int]]]:
         if duplicate is not None:
             raise duplicate
         targets = list(plan.updates)
+        yield from workflows.check_replaced({  # a replace keeps the holder's parents
+            t: workflows.wanted_parents(batch, plan.answers, item)
+            for t, (item, _) in plan.updates.items()
+            if batch.item_parents.get(item) or batch.job_parents.get(item)})
         texts = batch.serialize([plan.updates[t][0] for t in targets])
         replaced = yield from replace_holders({
             t: (batch.options_of(plan.updates[t][0]), text)

@@ -97,20 +97,30 @@ JOB_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ClaimedJob)
 _ARGS, _META = JOB_COLUMNS.index("args"), JOB_COLUMNS.index("meta")
 
 
-def stored_object(value: Any) -> tuple[dict[str, Any], str | None]:
-    """A stored JSON object (``args``, ``meta``) from the text the job columns carry:
-    ``(the object, None)``, or ``({}, why)`` when it cannot be read (nested past the
-    recursion limit, not an object). A value psycopg decoded already is taken as is."""
+def stored_json(value: Any) -> tuple[Any, str | None]:
+    """A stored JSON value from the text a query sent for it (``column::text``):
+    ``(the value, None)``, or ``(None, why)`` when Python cannot read it (nested past
+    the recursion limit). SQL NULL is None; a value psycopg decoded already is taken
+    as is."""
     if not isinstance(value, str):
         return value, None
     if value == "{}":  # most jobs' meta, and the args of tasks without arguments
         return {}, None
     try:
-        loaded = json.loads(value)
+        return json.loads(value), None
     except RecursionError:
-        return {}, "nested too deeply to read (past Python's recursion limit)"
+        return None, "nested too deeply to read (past Python's recursion limit)"
     except ValueError as exc:  # pragma: no cover - jsonb's output is JSON
-        return {}, f"not JSON ({exc})"
+        return None, f"not JSON ({exc})"
+
+
+def stored_object(value: Any) -> tuple[dict[str, Any], str | None]:
+    """A stored JSON object (``args``, ``meta``) from the text the job columns carry:
+    ``(the object, None)``, or ``({}, why)`` when it cannot be read (nested past the
+    recursion limit, not an object)."""
+    loaded, why = stored_json(value)
+    if why is not None:
+        return {}, why
     if not isinstance(loaded, dict):
         return {}, f"a JSON {type(loaded).__name__}, not an object"
     return loaded, None

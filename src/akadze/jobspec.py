@@ -99,14 +99,23 @@ class Job:
     Options left out (``None``) take the enqueuer's, then the task's. ``delay`` or
     ``run_at`` given here replace both of the enqueuer's. ``after`` may name other
     items of the same call (their Job objects), so that a whole graph is one call.
+
+    ``task`` (a registered task, or its name) is the task whose job this is: it is
+    what ``app.enqueue_many`` needs of each item, so that one call inserts a graph
+    of jobs of several tasks; ``task.job(args, **options)`` makes the same item.
     """
 
     args: Mapping[str, Any]
     options: JobOptions
+    task: TaskSpec | str | None
 
-    def __init__(self, args: Mapping[str, Any] | None = None,
+    def __init__(self, args: Mapping[str, Any] | None = None, *,
+                 task: TaskSpec | str | None = None,
                  **options: Unpack[JobOptions]) -> None:
         check_option_names(options, JobOptions, "Job()")
+        if task is not None and not isinstance(task, str) and not hasattr(task, "args_type"):
+            raise EnqueueError(f"Job(task=...) takes a registered task or its name, got "
+                               f"{type(task).__name__}", field="task")
         after = options.get("after")
         if after is not None and not isinstance(after, str | bytes | Mapping):
             # a copy: the graph of a call is fixed when its items are made
@@ -114,6 +123,7 @@ class Job:
             options = cast(JobOptions, {**options, "after": copied})
         object.__setattr__(self, "args", {} if args is None else args)
         object.__setattr__(self, "options", options)
+        object.__setattr__(self, "task", task)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from . import dialog, names, queries
 from .dialog import Dialog
 from .errors import EnqueueError, FilterError, JobNotFound
-from .jobs import JobState
+from .jobs import JobState, stored_json, stored_object
 from .jobspec import check_meta
 from .sessions import Session, SyncSession
 
@@ -88,6 +88,10 @@ class JobSummary:
     progress: float | None = None
     progress_message: str | None = None
     progress_at: datetime | None = None
+    #: Why some stored JSON of the job could not be read (nested past Python's
+    #: recursion limit, as a row written by another tool can be): those fields are
+    #: empty here (``{}``, ``[]`` or None) and this names them; None when all was read.
+    unreadable: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (datetimes as ISO 8601 strings); a listed job's without
@@ -201,19 +205,31 @@ def _job(row: Mapping[str, Any]) -> JobSummary:
     with job_details_columns (get_job) or job_errors_summary (``detailed=False``, the
     lists), read by name (``dict_row``)."""
     detailed = "args" in row
-    errors = list(row["errors"] or []) if detailed else []
+    problems: list[str] = []
+
+    def read(column: str, value: Any, *, whole: bool = False) -> Any:
+        loaded, why = stored_object(value) if whole else stored_json(value)
+        if why is not None:
+            problems.append(f"{column}: {why}")
+        return loaded
+
+    meta = read("meta", row["meta"], whole=True)
+    args = read("args", row["args"], whole=True) if detailed else {}
+    stored_errors = read("errors", row["errors"]) if detailed else None
+    errors = list(stored_errors) if isinstance(stored_errors, list) else []
+    result = read("result", row["result"]) if detailed else None
+    last_error = (errors[-1] if errors and isinstance(errors[-1], dict) else None) \
+        if detailed else read("last error", row["last_error"])
     return JobSummary(
         id=int(row["id"]), queue=row["queue"], task=row["task"], state=JobState(row["state"]),
         priority=row["priority"], attempt=row["attempt"], max_attempts=row["max_attempts"],
         run_count=row["run_count"], run_at=row["run_at"], created_at=row["created_at"],
         started_at=row["started_at"], finished_at=row["finished_at"],
-        limit_key=row["limit_key"], unique_key=row["unique_key"], meta=row["meta"] or {},
-        args=(row["args"] or {}) if detailed else {}, errors=errors,
-        result=row["result"] if detailed else None,
+        limit_key=row["limit_key"], unique_key=row["unique_key"], meta=meta,
+        args=args, errors=errors, result=result,
         worker_id=row["worker_id"], cancel_requested=bool(row["cancel_requested"]),
         expires_at=row["expires_at"],
-        last_error=(errors[-1] if errors and isinstance(errors[-1], dict) else None)
-        if detailed else row["last_error"],
+        last_error=last_error if isinstance(last_error, dict) else None,
         error_count=len(errors) if detailed else int(row["error_count"]),
         detailed=detailed,
         parents=tuple(int(i) for i in row["parents"] or ()),
@@ -222,6 +238,7 @@ def _job(row: Mapping[str, Any]) -> JobSummary:
         waiting_for=int(row["waiting_for"]),
         progress=None if row["progress"] is None else float(row["progress"]),
         progress_message=row["progress_message"], progress_at=row["progress_at"],
+        unreadable="; ".join(problems) or None,
     )
 
 

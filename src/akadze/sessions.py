@@ -50,6 +50,7 @@ __all__ = [
     "reading",
     "reading_sync",
     "sync_connection",
+    "url_source",
     "writing",
     "writing_sync",
 ]
@@ -225,6 +226,12 @@ def is_sync_session(obj: object) -> bool:
     """Whether ``obj`` is a session for the ``_sync`` API (psycopg or SQLAlchemy)."""
     kind = _kind(obj)
     return kind not in _SOURCES and _FLAVOUR.get(kind or "") == "sync"
+
+
+def url_source(obj: object) -> str | None:
+    """The database URL of a source akadze opens by URL (the app, a URL, ``None`` for
+    the default), None for anything else (a connection, an engine, a pool)."""
+    return _url_of(obj) if _kind(obj) == "url" else None
 
 
 def _url_of(source: object) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, Unpack
 
@@ -21,6 +21,8 @@ from .enqueue import EnqueueApp, Enqueuer
 from .errors import ConfigurationError, EnqueueError
 from .jobspec import (
     EnqueueOptions,
+    Job,
+    JobOptions,
     build_options,
     check_max_attempts,
     check_option_names,
@@ -88,6 +90,13 @@ class Task(Generic[R]):
         Raises EnqueueError for a bad option."""
         check_option_names(options, EnqueueOptions, "using()")
         return Enqueuer(self, session=session, options=build_options(self, options))
+
+    def job(self, args: Mapping[str, Any] | None = None, /,
+            **options: Unpack[JobOptions]) -> Job:
+        """An item of ``app.enqueue_many`` (or of this task's ``enqueue_many``): a job of
+        this task with ``args`` and options of its own; ``after`` may name other items
+        of the same call, of any task. Same as ``Job(args, task=self, **options)``."""
+        return Job(args, task=self, **options)
 
     @functools.cached_property
     def args_type(self) -> Any:

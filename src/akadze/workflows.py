@@ -8,7 +8,7 @@ releases or cancels the children in the transaction of their parent's terminal w
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from . import dialog, queries
 from .batches import Batch
@@ -62,11 +62,86 @@ def write_one(job_id: int, options: Options, begun: Start, states: dict[int, str
             "ids": [job_id], "parents": [begun.cancelled_by]})
 
 
+def _shown(ids: Iterable[int]) -> str:
+    listed = sorted(ids)
+    return "[" + ", ".join(str(i) for i in listed[:5]) + (", ..." if len(listed) > 5 else "") + "]"
+
+
+def wanted_parents(batch: Batch, answers: Sequence[tuple[str, int]], item: int
+                   ) -> set[int] | None:
+    """The ids of the jobs item ``item`` of ``batch`` waits for, its item parents
+    resolved by the uniqueness ``answers`` (an item answered by an existing job is that
+    job); None when one of them is a row the call inserts."""
+    ids = set(batch.job_parents.get(item, ()))
+    for parent in batch.item_parents.get(item, ()):
+        kind, to = answers[parent]
+        if kind == "row":
+            return None
+        ids.add(to)
+    return ids
+
+
+def check_replaced(wanted: Mapping[int, set[int] | None]) -> Dialog[None]:
+    """Refuse an ``on_duplicate="replace"`` that would change the parents of the job it
+    replaces. ``wanted``: the holder's id -> the parents the replacing enqueue names
+    (None: rows of its own call); a replacing enqueue that names none is not in it (the
+    holder keeps its parents). Raises EnqueueError (``field="after"``)."""
+    if not wanted:
+        return
+    rows = yield from dialog.rows(queries.get("replace_parents"), {"ids": sorted(wanted)})
+    held: dict[int, set[int]] = {}
+    for child, parent in rows:
+        held.setdefault(int(child), set()).add(int(parent))
+    for holder, names in sorted(wanted.items()):
+        has = held.get(holder, set())
+        if names != has:
+            named = "new jobs of this call" if names is None else _shown(names)
+            waits = f"waits for {_shown(has)}" if has else "waits for no job"
+            raise EnqueueError(
+                f'on_duplicate="replace": job {holder} holds the unique_key and {waits}; a '
+                f"replace keeps the parents of the job it replaces, but after names {named} "
+                "(give the same after, or none)",
+                field="after",
+            )
+
+
+def _in_call_replaced(batch: Batch, answers: Sequence[tuple[str, int]]) -> None:
+    """A row of the batch that replaced earlier items of its own call (on_duplicate=
+    "replace") keeps their parents: it takes those of the last of them that has any
+    when it names none, and is refused when it names others."""
+    replaced: dict[int, list[int]] = {}
+    for item, (kind, to) in enumerate(answers):
+        if kind == "row" and to > item:
+            replaced.setdefault(to, []).append(item)
+    for row, earlier in replaced.items():
+        named = [i for i in earlier if batch.item_parents.get(i) or batch.job_parents.get(i)]
+        if not named:
+            continue
+        last = named[-1]
+        if not (batch.item_parents.get(row) or batch.job_parents.get(row)):
+            batch.item_parents[row] = list(batch.item_parents.get(last, ()))
+            batch.job_parents[row] = list(batch.job_parents.get(last, ()))
+            continue
+        mine = (sorted(set(batch.item_parents.get(row, ()))),
+                sorted(set(batch.job_parents.get(row, ()))))
+        for i in named:
+            if (sorted(set(batch.item_parents.get(i, ()))),
+                    sorted(set(batch.job_parents.get(i, ())))) != mine:
+                raise EnqueueError(
+                    f'item {row}: on_duplicate="replace" replaces item {i} of this call, '
+                    "whose after names other parents: a replace keeps the parents of the "
+                    "job it replaces (give the same after, or none)",
+                    field="after",
+                )
+
+
 def plan_batch(batch: Batch, answers: list[tuple[str, int]] | None) -> Dialog[None]:
     """Set how each inserted row of ``batch`` starts and which rows are parents, from
     its graph, the uniqueness ``answers`` (an item answered by an existing job is that
     job, as a parent) and the states of the existing parents (locked)."""
     rows = set(batch.inserted)
+    if answers is not None:
+        _in_call_replaced(batch, answers)
 
     def target(item: int) -> tuple[str, int]:
         return ("row", item) if answers is None else answers[item]
@@ -125,5 +200,5 @@ def write_batch(batch: Batch, id_of: dict[int, int]) -> Dialog[None]:
             "ids": [c for c, _ in cancelled], "parents": [p for _, p in cancelled]})
 
 
-__all__ = ["check_single", "lock_parents", "plan_batch", "plan_one",
-           "write_batch", "write_one"]
+__all__ = ["check_replaced", "check_single", "lock_parents", "plan_batch", "plan_one",
+           "wanted_parents", "write_batch", "write_one"]

@@ -3,10 +3,10 @@ without one ``wait_for`` waiter per 100 jobs (runs alternated, medians compared)
 fan-out/fan-in run (``--fan-out`` children and one fan-in enqueued in one
 ``enqueue_many``) timed to the fan-in's start.
 
-The waiters run in a process of their own (spawned, one asyncio loop, one connection
-each: real ``wait_for`` calls), so that they cost the worker's process nothing but what
-they cost the database: the worker pays only for the notifications of the jobs they
-await, in its outcome writes.
+The waiters run in a process of their own (spawned, one asyncio loop: real ``wait_for``
+calls, which share one connection of that process, akadze.waiters), so that they cost
+the worker's process nothing but what they cost the database: the worker pays only for
+the notifications of the jobs they await, in its outcome writes.
 """
 
 from __future__ import annotations

@@ -148,6 +148,8 @@ def _show(job: JobSummary) -> None:
         line("limit key", job.limit_key)
     if job.unique_key:
         line("unique key", job.unique_key)
+    if job.unreadable:
+        line("unreadable", job.unreadable)
     if job.meta:
         line("meta", json.dumps(job.meta, sort_keys=True))
     if job.worker_id:

@@ -106,3 +106,24 @@ async def wait_for(event: asyncio.Event, seconds: float) -> None:
     with suppress(TimeoutError):
         async with asyncio.timeout(seconds):
             await event.wait()
+
+
+#: Seconds a stop waits for a cancelled background task before cancelling it again.
+CANCEL_AGAIN_AFTER = 0.5
+
+
+async def cancel_until_done(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait until every one has ended, cancelling again those
+    that go on. A cancellation can be lost on the way: on Python 3.11,
+    ``asyncio.wait_for`` (which psycopg_pool uses to wait for a connection) returns
+    or raises TimeoutError instead of CancelledError when the cancellation arrives
+    as its wait ends (CPython gh-86296). The background loop that waited then went
+    round again, and the worker's stop waited for it forever."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_AFTER)
+    for task in tasks:  # retrieved, so that asyncio does not log them as never retrieved
+        if not task.cancelled():
+            task.exception()

@@ -49,7 +49,7 @@ from ._progress import ProgressWriter
 from ._runner import Runner, TaskRuntime
 from ._settings import build_settings
 from ._shutdown import shut_down
-from ._state import WorkerState
+from ._state import WorkerState, cancel_until_done
 from ._wakeup import Listener, Wakeup
 
 logger = logging.getLogger("akadze.worker")
@@ -57,6 +57,7 @@ logger = logging.getLogger("akadze.worker")
 #: The kinds of finished runs that ``drain`` reports.
 DRAIN_KINDS = (outcomes.SUCCEEDED, outcomes.RETRIED, outcomes.SNOOZED, outcomes.FAILED,
                outcomes.CANCELLED, outcomes.GIVEN_BACK)
+
 
 
 class Worker:
@@ -315,12 +316,10 @@ class Worker:
 
     async def _end(self) -> None:
         background, self._background = self._background, []
-        for task in background:
-            task.cancel()
         runs = [task for task in self._runner.tasks() if not task.done()]
         for task in runs:
             task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+        await cancel_until_done(background)
         if runs:
             await asyncio.wait(runs, timeout=1.0)
         self._leases.close()

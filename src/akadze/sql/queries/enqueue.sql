@@ -10,18 +10,18 @@
 -- the caller's transaction ends, so that clear_limit cannot remove it before
 -- this job is visible to clear it too (migration 0005). A job without a key
 -- probes nothing (key = NULL matches no row). state is 'waiting' for a job with
--- parents not yet done (waiting_for of them), else 'queued'.
+-- parents not yet done, else 'queued'.
 WITH limit_row AS (
     SELECT 1 FROM akadze.limits l WHERE l.key = %(limit_key)s FOR KEY SHARE
 )
 INSERT INTO akadze.jobs
     (queue, task, args, priority, run_at, max_attempts, limit_key, unique_key,
-     expires_at, meta, limited, state, waiting_for)
+     expires_at, meta, limited, state)
 VALUES
     (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
      COALESCE(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(max_attempts)s,
      %(limit_key)s, %(unique_key)s, %(expires_at)s::timestamptz, %(meta)s::jsonb,
-     EXISTS (SELECT 1 FROM limit_row), %(state)s::akadze.job_state, %(waiting_for)s)
+     EXISTS (SELECT 1 FROM limit_row), %(state)s::akadze.job_state)
 RETURNING id, run_at
 
 -- name: reserve_job_ids
@@ -125,6 +125,13 @@ SELECT id, pg_notify('akadze_jobs', queue) FROM replaced
 UPDATE akadze.jobs AS j SET dependents = true
 WHERE j.id = ANY (%(ids)s::bigint[])
 RETURNING j.id, j.state::text
+
+-- name: replace_parents
+-- The parents of the jobs an enqueue with on_duplicate="replace" is about to replace
+-- (their rows locked already by unique_holders' key lock): a replace keeps them, so
+-- the replacing enqueue's after must name the same (akadze.workflows.check_replaced).
+SELECT d.child_id, d.parent_id FROM akadze.job_dependencies AS d
+WHERE d.child_id = ANY (%(ids)s::bigint[])
 
 -- name: dependencies_insert
 -- The edges of one new job; done for the parents that had already ended.

@@ -26,9 +26,18 @@ j.expires_at, j.worker_id, j.started_at, j.claim_token
 -- the errors instead (job_errors_summary): one row of 100 MB of arguments took
 -- `akadze jobs list` to 540 MB. A column not named is not fetched from TOAST.
 j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.run_count,
-j.run_at, j.created_at, j.started_at, j.finished_at, j.limit_key, j.unique_key, j.meta,
-j.worker_id, j.cancel_requested, j.expires_at, j.progress, j.progress_message,
-j.progress_at, j.waiting_for,
+-- meta (and args, errors, result and the last error below) come as text, decoded per
+-- row by akadze.overview, for the reason given at job_columns: one row nested past
+-- Python's recursion limit made get_job, `akadze jobs show`, the lists and the
+-- dashboard raise RecursionError; now that row is shown, marked unreadable.
+j.run_at, j.created_at, j.started_at, j.finished_at, j.limit_key, j.unique_key,
+j.meta::text AS meta, j.worker_id, j.cancel_requested, j.expires_at, j.progress, j.progress_message,
+j.progress_at,
+-- How many parents a waiting job still waits for: its pending edges, on the partial
+-- index of migration 0013 (no counter is kept in the row).
+CASE WHEN j.state = 'waiting' THEN
+    (SELECT count(*) FROM akadze.job_dependencies AS d WHERE d.child_id = j.id AND NOT d.done)
+    ELSE 0 END AS waiting_for,
 -- The job's place in a workflow (migration 0012): the ids of its parents and of its
 -- children, at most 1 000 of each, oldest first (job_dependencies is indexed both
 -- ways), and how many there are. A job that is nobody's parent (dependents false)
@@ -45,13 +54,13 @@ CASE WHEN j.dependents THEN
     ELSE 0 END AS child_count
 
 -- fragment: job_details_columns
-j.args, j.errors, j.result
+j.args::text AS args, j.errors::text AS errors, j.result::text AS result
 
 -- fragment: job_errors_summary
 -- The count of a job's errors and the last one without its traceback. The CASEs keep
 -- a row whose errors someone wrote as anything but an array of objects from failing
 -- the whole list.
 CASE WHEN jsonb_typeof(j.errors -> -1) = 'object'
-     THEN (j.errors -> -1) - 'traceback' END AS last_error,
+     THEN ((j.errors -> -1) - 'traceback')::text END AS last_error,
 CASE WHEN jsonb_typeof(j.errors) = 'array'
      THEN jsonb_array_length(j.errors) ELSE 0 END AS error_count

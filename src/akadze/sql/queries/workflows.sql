@@ -31,6 +31,20 @@ WHERE j.id = p.id AND j.run_count = p.run_count;
 -- commit sees the flag. Returns nothing for an unknown id.
 UPDATE akadze.jobs SET awaited = true WHERE id = %(id)s RETURNING state::text;
 
+-- name: wait_mark_many
+-- The shared waiters of a process (akadze.waiters): the jobs its new waiters await,
+-- marked in one statement (only those not marked yet: a mark is never written twice).
+-- As wait_mark, the UPDATE waits for a terminal write in flight on a row it marks;
+-- the states are read by wait_states right after, in a statement of their own (its
+-- snapshot sees that write and every mark committed meanwhile by another process).
+UPDATE akadze.jobs SET awaited = true
+WHERE id = ANY (%(ids)s::bigint[]) AND NOT awaited;
+
+-- name: wait_states
+-- The shared waiters' read of their jobs' states: after the mark, at each
+-- notification of one of them, and at each poll (the fallback), on the primary key.
+SELECT id, state::text FROM akadze.jobs WHERE id = ANY (%(ids)s::bigint[]);
+
 -- name: wait_state
 -- wait_for's poll (and its check after each notification).
 SELECT state::text FROM akadze.jobs WHERE id = %(id)s;
