@@ -185,3 +185,91 @@ async def test_jobs_claimed_ahead_are_given_back_untouched_when_fenced(
                              what="the rest", within=20)
     finally:
         blocker.close()
+
+
+class _Sizes:
+    """The job ids of each ``claimed`` and ``cut_back`` event, in order."""
+
+    def __init__(self) -> None:
+        self.claimed: list[tuple[int, ...]] = []
+        self.cut_back: list[tuple[int, ...]] = []
+
+    def __call__(self, event: WorkerEvent) -> None:
+        if event.kind == "claimed":
+            self.claimed.append(event.job_ids)
+        elif event.kind == "cut_back":
+            self.cut_back.append(event.job_ids)
+
+
+async def test_short_runs_are_claimed_far_ahead_of_few_slots(
+    app: Akadze, conn: psycopg.Connection[Any]
+) -> None:
+    tasks, sizes = _Gated(app), _Sizes()
+    async with Worker(app, slots=SLOTS, poll_interval=60,
+                      on_event=lambda e: (tasks(e), sizes(e))) as worker:
+        await _warm_up(conn, worker)
+        sizes.claimed.clear()
+        _insert(conn, "quick", 25 * SLOTS)
+        await eventually(lambda: worker.counts["succeeded"] == 28 * SLOTS, what="the backlog")
+    # Runs far shorter than a claim: one claim took more than twice the slots
+    # (the jobs beyond them waited claimed ahead), and no job was claimed twice.
+    assert max(len(ids) for ids in sizes.claimed) > 2 * SLOTS
+    claimed = [i for ids in sizes.claimed for i in ids]
+    assert len(claimed) == len(set(claimed)) == 25 * SLOTS
+    assert not sizes.cut_back
+
+
+async def test_jobs_claimed_far_ahead_are_given_back_untouched_when_runs_turn_long(
+    app: Akadze, conn: psycopg.Connection[Any]
+) -> None:
+    slots = 2
+    tasks, sizes = _Gated(app), _Sizes()
+    runs: dict[int, int] = {}
+    ran_when_cut: list[set[int]] = []  # the jobs that had run, at each cut_back
+
+    @app.task("counted")
+    async def counted() -> None:
+        runs[current().id] = runs.get(current().id, 0) + 1
+
+    @app.task("long")
+    async def long() -> None:
+        # Runs that turn long: past the gate, half a second each (the workload,
+        # not a synchronisation), far longer than a claim.
+        await tasks.gate.wait()
+        await asyncio.sleep(0.5)
+
+    def on_event(event: WorkerEvent) -> None:
+        tasks(event)
+        sizes(event)
+        if event.kind == "cut_back":
+            ran_when_cut.append(set(runs))
+
+    async with Worker(app, slots=slots, poll_interval=60, on_event=on_event) as worker:
+        _insert(conn, "quick", 10 * slots)  # runs much shorter than a claim
+        await eventually(lambda: worker.counts["succeeded"] == 10 * slots, what="the warm-up")
+        await worker.wait_idle()
+        gated = set(_insert(conn, "long", slots))
+        await eventually(lambda: worker.running == slots, what="every slot running")
+        sizes.claimed.clear()
+        behind = set(_insert(conn, "counted", 400))
+        # A claim while both slots run: the jobs wait claimed ahead, far more than
+        # the slots, as the last runs were short.
+        await eventually(lambda: sum(len(ids) for ids in sizes.claimed) > 4 * slots,
+                         what="jobs claimed ahead")
+        assert _claimed_here(conn, worker.worker_id) > 4 * slots
+        # The long runs end: at their pace the buffer's last jobs would wait
+        # for minutes, and the tail is given back untouched.
+        tasks.gate.set()
+        await eventually(lambda: sizes.cut_back, what="the buffer cut back")
+        given = set(sizes.cut_back[0])
+        assert given and given <= behind and not given & ran_when_cut[0]
+        await eventually(lambda: worker.counts["succeeded"] == 10 * slots + slots + 400,
+                         what="the rest", within=30)
+    assert set(runs) == behind and set(runs.values()) == {1}  # each ran once
+    rows = conn.execute("SELECT state::text, attempt, errors FROM akadze.jobs "
+                        "WHERE id = ANY(%s)", (sorted(given),)).fetchall()
+    # Given back without a trace: the run that finished them is their first.
+    assert {(state, attempt) for state, attempt, _ in rows} == {("succeeded", 1)}
+    assert all(not errors for _, _, errors in rows)
+    assert gated <= {int(r[0]) for r in conn.execute(
+        "SELECT id FROM akadze.jobs WHERE state = 'succeeded'")}

@@ -205,7 +205,7 @@ def _workflow_lines(waiters: WaiterRuns | None, fan_in: FanIn | None) -> list[st
             "",
             f"{waiters.jobs:,} no-op jobs per run; runs alternated (without, with, ...); "
             f"the waiters are {waiters.jobs // WAITER_EVERY} concurrent `wait_for` calls in "
-            "a process of their own, started before the worker.",
+            "a process of their own (sharing one connection), started before the worker.",
             "",
             "| run | nobody waits, jobs/s | one waiter per 100 jobs, jobs/s |",
             "|---:|---:|---:|",
@@ -225,8 +225,8 @@ def _workflow_lines(waiters: WaiterRuns | None, fan_in: FanIn | None) -> list[st
             "",
             "## Fan-out / fan-in",
             "",
-            f"{fan_in.children:,} children and one fan-in that waits for all of them, "
-            "enqueued in one `enqueue_many`; then one worker runs them.",
+            f"{fan_in.children:,} children of one task and one fan-in of another that waits "
+            "for all of them, enqueued in one `app.enqueue_many`; then one worker runs them.",
             "",
             "| children | enqueue of the graph, s | worker start -> fan-in starts, s | "
             "runs of the fan-in |",

@@ -23,7 +23,6 @@ import click
 from ..app import Akadze
 from ..awaiting import wait_for
 from ..database import connect
-from ..jobspec import Job
 from ..worker import Worker
 
 WAITER_EVERY = 100
@@ -130,23 +129,26 @@ def measure_waiters(url: str, jobs: int, slots: int, rounds: int) -> WaiterRuns:
 
 
 async def measure_fan_in(url: str, children: int, slots: int) -> FanIn:
-    """``children`` jobs and one fan-in that waits for all of them, in one enqueue_many
-    (one task: enqueue_many inserts jobs of one task, told apart by an argument)."""
+    """``children`` jobs of one task and one fan-in of another that waits for all of
+    them, in one ``app.enqueue_many``."""
     app = Akadze(url)
     started: dict[str, float] = {}
     done = asyncio.Event()
 
-    @app.task("bench.node")
-    async def node(fan_in: bool = False) -> None:
-        if fan_in:
-            started.setdefault("at", time.perf_counter())
-            done.set()
+    @app.task("bench.child")
+    async def child() -> None:
+        pass
+
+    @app.task("bench.fan_in")
+    async def fan_in() -> None:
+        started.setdefault("at", time.perf_counter())
+        done.set()
 
     with connect(url) as conn:
         _reset(conn)
-        items = [Job({}) for _ in range(children)]
+        items = [child.job() for _ in range(children)]
         began = time.perf_counter()
-        ids = await node.using().enqueue_many([*items, Job({"fan_in": True}, after=items)])
+        ids = await app.enqueue_many([*items, fan_in.job(after=items)])
         enqueue_seconds = time.perf_counter() - began
         conn.execute("VACUUM ANALYZE akadze.jobs")
         conn.execute("VACUUM ANALYZE akadze.job_dependencies")

@@ -21,6 +21,7 @@ EventKind = Literal[
     "ready",
     "listening",
     "claimed",
+    "cut_back",
     "idle",
     "lease_renewed",
     "fenced",
@@ -33,8 +34,8 @@ EventKind = Literal[
 
 #: Every kind of event, in the order a worker's life usually shows them.
 EVENT_KINDS: tuple[EventKind, ...] = (
-    "started", "ready", "listening", "claimed", "idle", "lease_renewed", "fenced", "lost",
-    "outcomes_written", "cancel_checked", "stopping", "stopped",
+    "started", "ready", "listening", "claimed", "cut_back", "idle", "lease_renewed", "fenced",
+    "lost", "outcomes_written", "cancel_checked", "stopping", "stopped",
 )
 
 
@@ -43,10 +44,10 @@ class WorkerEvent:
     """One moment in a worker's life.
 
     ``kind`` says what happened (see the table in docs/reference/worker.md);
-    ``queue`` is set for ``claimed`` and ``idle``; ``job_ids`` holds the jobs
-    concerned (claimed, given back when fenced, found lost after a reconnect, outcomes
-    accepted by the fence, the running jobs the database marks cancel-requested for
-    ``cancel_checked``);
+    ``queue`` is set for ``claimed``, ``cut_back`` and ``idle``; ``job_ids`` holds
+    the jobs concerned (claimed, claimed ahead and given back by ``cut_back``, given
+    back when fenced, found lost after a reconnect, outcomes accepted by the fence,
+    the running jobs the database marks cancel-requested for ``cancel_checked``);
     ``discarded`` the jobs whose outcome the fence refused (``outcomes_written``);
     ``detail`` is ``"graceful"`` or ``"now"`` for ``stopping``, and what made the
     worker check its runs for ``lost``.

@@ -134,8 +134,10 @@ class LeaseKeeper:
             self._noticed(inserted, server_started)
             if self._ownership is not None:
                 await self._check_runs(conn, self._ownership)
+            # The row exists and the lease holds: claims may begin (the look for
+            # jobs nobody runs below is only a warning, and need not delay them).
+            self._state.registered.set()
             await self._warn_unserved(conn)
-        self._state.registered.set()
 
     def _noticed(self, inserted: bool, server_started: datetime | None) -> None:
         """What a heartbeat shows about the time since the last one."""
