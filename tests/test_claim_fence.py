@@ -215,8 +215,10 @@ async def test_a_worker_that_reconnects_ends_the_runs_it_lost(
         undo_claim(conn, undone, before)
         live = claim_one(conn, "w2")
         # The connection is lost: the server ends every backend of the worker.
+        # (this database's only: a suite running beside this one has workers too)
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE application_name LIKE 'akadze-worker%%' AND pid <> pg_backend_pid()")
+                     "WHERE datname = current_database() "
+                     "AND application_name LIKE 'akadze-worker%%' AND pid <> pg_backend_pid()")
         at = await events.next("lost", after=listening)
         assert events.seen[at].job_ids == (undone,)
         await eventually(lambda: interrupted == [undone], what="the lost run interrupted")
