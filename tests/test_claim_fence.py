@@ -166,13 +166,19 @@ async def test_a_worker_whose_claim_a_crash_undid_does_not_finish_the_job(
     ids = [insert_job(conn, "plain"), insert_job(conn, "tx")]
     before = {job_id: image(conn, job_id) for job_id in ids}
     events = Events()
-    async with Worker(app, poll_interval=0.05, on_event=events, maintenance=False):
+    # Two slots, both busy until release: the worker has no room to claim the jobs
+    # whose claims are undone, so the other claimer ("w2") takes them. That claim runs
+    # off the event loop: on it, it could wait for the queue's turn held by a claim of
+    # the worker that needs the loop to finish (a hang seen once).
+    async with Worker(app, slots=2, poll_interval=0.05, on_event=events,
+                      maintenance=False):
         await eventually(lambda: all(job(conn, i)["state"] == "running" for i in ids),
                          what="both jobs running")
         tokens = {i: job(conn, i)["claim_token"] for i in ids}
         for job_id in ids:
             undo_claim(conn, job_id, before[job_id])
-        live = {j.id: j for j in claim(conn, queue="default", slots=2, worker_id="w2")}
+        live = {j.id: j for j in await asyncio.to_thread(
+            claim, conn, queue="default", slots=2, worker_id="w2")}
         assert set(live) == set(ids)
         assert all(live[i].run_count == 1 and live[i].claim_token != tokens[i] for i in ids)
         release.set()
@@ -208,15 +214,19 @@ async def test_a_worker_that_reconnects_ends_the_runs_it_lost(
     undone, kept = insert_job(conn, "t"), insert_job(conn, "t")
     before = image(conn, undone)
     events = Events()
-    async with Worker(app, poll_interval=0.05, on_event=events, maintenance=False):
+    # (two busy slots and the other claim off the loop, as in the test above)
+    async with Worker(app, slots=2, poll_interval=0.05, on_event=events,
+                      maintenance=False):
         listening = await events.next("listening")
         await eventually(lambda: all(job(conn, i)["state"] == "running"
                                      for i in (undone, kept)), what="both jobs running")
         undo_claim(conn, undone, before)
-        live = claim_one(conn, "w2")
+        live = await asyncio.to_thread(claim_one, conn, "w2")
         # The connection is lost: the server ends every backend of the worker.
+        # (this database's only: a suite running beside this one has workers too)
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE application_name LIKE 'akadze-worker%%' AND pid <> pg_backend_pid()")
+                     "WHERE datname = current_database() "
+                     "AND application_name LIKE 'akadze-worker%%' AND pid <> pg_backend_pid()")
         at = await events.next("lost", after=listening)
         assert events.seen[at].job_ids == (undone,)
         await eventually(lambda: interrupted == [undone], what="the lost run interrupted")

@@ -74,8 +74,9 @@ SATURATED = 4
 FAR = 5
 #: ... up to this many jobs per claim (its slots and those claimed ahead), when
 #: that is more than twice its slots.
-#: Measured on 2 cores (no-op jobs, 20 slots): claims of 40 jobs drained 3 600
-#: jobs/s, of 100 5 800, of 200 7 200, of 400 9 400 (benchmarks/pipelined-worker.md).
+#: Measured on 2 cores (no-op jobs, 20 slots, at load 6): claims of 40 jobs drained
+#: 3 600 jobs/s, of 100 5 800, of 200 7 200, of 400 9 400; on the quiet host 5 400
+#: with claims of 40, 12 200 with these (benchmarks/pipelined-worker.md).
 SHORT_RUNS_CLAIM = 512
 #: Seconds a job claimed ahead may wait for a slot (or two claims' time, when that
 #: is longer) before it is given back for another worker: a bound that the noise of
