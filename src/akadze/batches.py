@@ -321,13 +321,7 @@ def build_batch(
                 item_options = [options] * index
             item_options.append(
                 build_options(task, item.options, base=options, where=f"item {index}: "))
-            if not isinstance(item.args, Mapping):
-                raise EnqueueError(
-                    f"item {index}: Job.args must be a mapping of arguments, got "
-                    f"{type(item.args).__name__}",
-                    field="args",
-                )
-            arg_dicts.append(dict(item.args))
+            arg_dicts.append(_job_arguments(index, item))
         elif isinstance(item, Mapping):
             arg_dicts.append(dict(item))
             if item_options is not None:
@@ -347,6 +341,18 @@ def build_batch(
                  item_parents=item_parents, job_parents=job_parents)
 
 
+def _job_arguments(index: int, job: Job) -> dict[str, Any]:
+    """The arguments of item ``index``, a Job, as a new dict; EnqueueError unless they
+    are a mapping."""
+    if not isinstance(job.args, Mapping):
+        raise EnqueueError(
+            f"item {index}: Job.args must be a mapping of arguments, got "
+            f"{type(job.args).__name__}",
+            field="args",
+        )
+    return dict(job.args)
+
+
 def build_graph_batch(tasks: Sequence[TaskSpec], items: Sequence[Job]) -> Batch:
     """Check the items of ``app.enqueue_many``: each a :class:`Job` of its own task
     (``tasks[i]``, resolved by the caller), its options over that task's defaults.
@@ -357,13 +363,7 @@ def build_graph_batch(tasks: Sequence[TaskSpec], items: Sequence[Job]) -> Batch:
     for index, (task, item) in enumerate(zip(tasks, listed, strict=True)):
         item_options.append(build_options(task, item.options, base=default_options(task),
                                           where=f"item {index}: "))
-        if not isinstance(item.args, Mapping):
-            raise EnqueueError(
-                f"item {index}: Job.args must be a mapping of arguments, got "
-                f"{type(item.args).__name__}",
-                field="args",
-            )
-        arg_dicts.append(dict(item.args))
+        arg_dicts.append(_job_arguments(index, item))
     first = default_options(tasks[0])
     item_parents, job_parents = _graph(list(listed), item_options, first)
     by_item = list(tasks)
