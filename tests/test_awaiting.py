@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from worker_support import eventually
+from worker_support import eventually, wait_state
 
 from akadze import (
     Akadze,
@@ -95,8 +95,18 @@ def test_sync_twin_and_jobs_nobody_waits_for_notify_nothing(
         listener.execute("LISTEN akadze_done")
 
         async def run() -> None:
+            # job_id is awaited before it runs, and quiet only once it has failed,
+            # each seen in the database: a busy CI saw the worker end job_id before
+            # the wait marked it (nothing notified), and quiet's wait mark it before
+            # its outcome was written (its end notified).
+            waited = asyncio.create_task(
+                asyncio.to_thread(wait_for_sync, app, job_id, timeout=30))
+            await eventually(lambda: conn.execute(
+                "SELECT awaited FROM akadze.jobs WHERE id = %s", (job_id,)).fetchone()[0],
+                what="job_id marked awaited")
             async with Worker(app):
-                await asyncio.to_thread(wait_for_sync, app, job_id, timeout=30)
+                await waited
+                await wait_state(conn, quiet, "failed")
                 await asyncio.to_thread(wait_for_sync, app, quiet, timeout=30,
                                         poll_interval=0.05)
 
