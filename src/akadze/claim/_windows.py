@@ -121,7 +121,8 @@ def _entries(rows: list[Row], known: KeyState) -> list[tuple[planner.Row, bool]]
     make = planner.Row._make
     for r in rows:
         if r[0] is None:
-            known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
+            if r[12] is None:  # not the row of left-out keys (claim_window_judged)
+                known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
         else:
             entries.append((make(r[:4]), r[4]))
             if r[5] is False and r[3] is not None:
@@ -174,9 +175,11 @@ def _window(request: Request, known: KeyState, reading: _Reading, window: int,
 def _apply_window(known: KeyState, reading: _Reading, rows: list[Row], window: int) -> None:
     entries = _entries(rows, known)
     # Read to the end only if the window was not cut short (planner.ReadMore.need)
-    # and still came back short of its size.
-    scanned = next((r[11] for r in rows if r[0] is not None), 0)
-    reading.complete = len(entries) == scanned < window
+    # and still came back short of its size. `cuts`: the entries of limited keys
+    # past their headroom that the window read but did not return (the cut of
+    # claim_entries_with_state).
+    scanned, cuts = next(((r[11], r[13]) for r in rows if r[0] is not None), (0, 0))
+    reading.complete = len(entries) + cuts == scanned < window
     _advance(reading, entries)
 
 
@@ -304,31 +307,38 @@ def _remembered(request: Request, keys: Sequence[str]) -> Statement:
 def _start_with_state(request: Request, known: KeyState, reading: _Reading,
                       first_size: int) -> Opens:
     """The first round trip of a claim that remembers many blocked keys
-    (:class:`akadze.claim._hints.Memory`): its opening, the remembered keys' state
-    (counted without locks like a window's) and, in the same round trip, the
-    first window as the planner would ask for it if every remembered key were
-    still without room: leaving them all out (with the guarded skip scan). The
-    window stands only if they all are; otherwise its rows are dropped (the
-    state they brought is kept) and the claim reads from the head, knowing the
-    keys' state."""
+    (:class:`akadze.claim._hints.Memory`): its opening and the first window as
+    the planner would ask for it if every remembered key were still without
+    room (with the guarded skip scan), read by claim_window_judged: it leaves
+    out the remembered keys that are still without room, judged on the server
+    in the window's own snapshot, and names them. The claim then leaves out
+    exactly those (their headroom is 0) and reads the others like any key: the
+    window always stands, and no remembered key costs work here."""
     keys = request.hints.blocked
     assumed = planner.plan(planner.View(
         slots=request.slots, fair=request.fair, rows=(), headroom=dict.fromkeys(keys, 0),
         first=first_size))
     assert isinstance(assumed, planner.ReadMore)
-    # The remembered keys were limited when the last claim left them: left out
-    # of the limited part (ready_window_parts), where their jobs are.
-    window = _window(request, known, reading, assumed.window, assumed.exclude, assumed.need,
-                     limited=frozenset(keys))
-    settings, swept, counted, rows, *groups = yield Batch((
-        *_opening(request), _remembered(request, keys), window, *_guarded_groups(request)))
+    params = {
+        **request.params(), **_after_params(None), **known.params(frozenset()),
+        "window": assumed.window, "need": assumed.need,
+        "skip_free": key_list(()), "skip_limited": key_list(()), "skip_null": False,
+        "remembered": key_list(keys),
+        # Left out of the free part too, if still full: those the last claim met
+        # there (queued before their key had its limit).
+        "remembered_free": key_list(k for k in keys if k in known.unflagged),
+        "split_max": SPLIT_MAX,
+    }
+    settings, swept, rows, *groups = yield Batch((
+        *_opening(request), prepared("claim_window_judged", params),
+        *_guarded_groups(request)))
     cancelled = _opened(known, settings, swept)
-    learn_counts(known, keys, (), counted)
-    if _still_blocked(known, keys):
-        reading.window, reading.excluded = assumed.window, assumed.exclude
-        _apply_window(known, reading, rows, assumed.window)
-    else:
-        _entries(rows, known)
+    left_out = next((r[12] for r in rows if r[0] is None and r[12] is not None), ())
+    for key in left_out:
+        known.room.setdefault(key, 0)
+    reading.window = assumed.window
+    reading.excluded = frozenset(left_out)
+    _apply_window(known, reading, rows, assumed.window)
     # The skip scan's answer does not depend on the window's.
     for row in groups:
         _learn_groups(known, reading, row[0])

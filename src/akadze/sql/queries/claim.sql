@@ -187,66 +187,9 @@ SELECT * FROM taken
 WITH candidates AS (
 -- include: claim_window_candidates
 )
--- The early stop (`need` not null, planner.ReadMore): the entries up to and
--- with the need-th one that is sure to help. Default order: an entry of a key
--- without a limits row (or without a key), which is eligible (if ready). Fair
--- order: the first entry of a group that the claim has not met (not in `known`)
--- with no limits row and nothing running in the queue: its turn is 1. With
--- that many the claim can settle, and the window's tail would be read, sent,
--- and have its keys' state looked up for nothing (a window that follows many
--- excluded keys is large). CASE evaluates the probes only where needed. What is
--- returned stays a prefix of the queue; `scanned` (on every entry) lets the
--- caller tell a cut window from the end of the queue.
---
--- Each correlated EXISTS ends in OFFSET 0, which keeps it a probe per entry
--- (an index probe of limits_pkey or jobs_running_key_idx). Without it the
--- planner may hash the subquery instead, reading every limits row or every
--- running job of the key index once per statement, and it chooses between the
--- two by its estimate of the rows: on statistics taken while the queue was
--- empty it hashed (1 000 running jobs read for a window of 40).
-, firsts AS (
-    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited,
-           row_number() OVER (PARTITION BY c.limit_key
-                              ORDER BY c.priority DESC, c.run_at, c.id) = 1 AS first
-    FROM candidates c
-)
-, free AS (
-    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited,
-           CASE WHEN %(need)s::int IS NULL THEN false
-                WHEN NOT %(fair)s THEN
-                    c.limit_key IS NULL
-                    OR NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key
-                                   OFFSET 0)
-                WHEN NOT c.first THEN false
-                WHEN c.limit_key IS NULL THEN
-                    NOT %(known_null)s
-                    AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
-                                    WHERE r.state = 'running' AND r.limit_key IS NULL
-                                      AND r.queue = %(queue)s)
-                ELSE
-                    c.limit_key NOT IN (SELECT unnest(%(known)b::text[]))
-                    AND NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key
-                                    OFFSET 0)
-                    AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
-                                    WHERE r.state = 'running' AND r.limit_key = c.limit_key
-                                      AND r.queue = %(queue)s
-                                    OFFSET 0)
-           END AS free
-    FROM firsts c
-)
-, counted AS (
-    SELECT f.id, f.priority, f.run_at, f.limit_key, f.limited,
-           count(*) OVER () AS scanned,
-           count(*) FILTER (WHERE f.free) OVER (
-               ORDER BY f.priority DESC, f.run_at, f.id
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS free_before
-    FROM free f
-)
-, kept AS (
-    SELECT k.id, k.priority, k.run_at, k.limit_key, k.limited, k.scanned
-    FROM counted k
-    WHERE %(need)s::int IS NULL OR k.free_before < %(need)s::int
-)
+-- No judged keys here (claim_window_judged has them).
+, left_out AS (SELECT NULL::text[] AS keys WHERE false)
+-- include: claim_window_early_stop
 -- include: claim_entries_with_state
 
 -- name: claim_window_whole
@@ -262,6 +205,39 @@ WITH candidates AS (
     SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited, count(*) OVER () AS scanned
     FROM candidates c
 )
+, left_out AS (SELECT NULL::text[] AS keys WHERE false)
+-- include: claim_entries_with_state
+
+-- name: claim_window_judged
+-- claim_window for the first window of a claim that remembers many blocked keys
+-- (akadze.claim._hints): the remembered keys (`remembered`, a jsonb array) are
+-- left out of the limited part of the queue, and those of `remembered_free` of
+-- the free part too, if they are still without room, judged in this
+-- statement's snapshot (akadze.ready_window_judged, migration 0016, inlined
+-- here like ready_window_parts). The keys it left out come back in one row
+-- (left_out), in the same snapshot as the entries and the state of the keys
+-- met: the claim leaves out exactly those, and reads the others (a remembered
+-- key that has room again, or no limits row any more) like any key. Judged in
+-- a statement of its own (claim_remembered) before the window, a key could
+-- lose its room in between, and the window would skip rows the claim believes
+-- it read; and a window that assumed them all still full had to be read again
+-- from the head whenever one of them had room, at nearly every claim of a
+-- queue whose keys all run at their limit.
+--
+-- MATERIALIZED: the function's rows are the entries and, after them, the
+-- left-out keys (id NULL), split here; the entries are at most `window`.
+WITH window_rows AS MATERIALIZED (
+-- include: claim_window_judged_candidates
+)
+, candidates AS (
+    SELECT w.id, w.priority, w.run_at, w.limit_key, w.limited FROM window_rows w
+    WHERE w.id IS NOT NULL
+)
+, left_out AS (
+    SELECT COALESCE(array_agg(w.limit_key), '{}') AS keys FROM window_rows w
+    WHERE w.id IS NULL
+)
+-- include: claim_window_early_stop
 -- include: claim_entries_with_state
 
 -- name: claim_groups
@@ -397,6 +373,7 @@ WITH candidates AS (
            NULL::bigint AS scanned
     FROM candidates c
 )
+, left_out AS (SELECT NULL::text[] AS keys WHERE false)
 -- include: claim_entries_with_state
 
 -- name: claim_lock_first
@@ -622,9 +599,13 @@ SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
        set_config('enable_bitmapscan', %(enable_bitmapscan)s, true)
 
 -- fragment: claim_entries_with_state
--- The end of claim_window and claim_group_rows, after their CTE `kept` (the
--- entries read: id, priority, run_at, limit_key, scanned): each entry with its
--- `ready` flag, then one row per key met with its state.
+-- The end of claim_window and claim_group_rows, after their CTEs `kept` (the
+-- entries read: id, priority, run_at, limit_key, limited, scanned) and
+-- `left_out` (at most one row: `keys`, the remembered keys claim_window_judged
+-- left out as still without room; none in the other statements): each entry
+-- with its `ready` flag, then one row per key met with its state, then the
+-- left-out keys in one row (id NULL, left_out not null: a claim remembering a
+-- thousand blocked keys receives and parses one row, not a thousand).
 --
 -- The state of the keys met in these entries whose state the caller does not
 -- know yet (known: text[], known_null: the null group), read WITHOUT locks: the
@@ -636,25 +617,9 @@ SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
     WHERE (c.limit_key IS NULL AND NOT %(known_null)s)
        OR c.limit_key NOT IN (SELECT unnest(%(known)b::text[]))
 )
-SELECT c.id, c.priority, c.run_at, c.limit_key,
-       (SELECT NOT j.cancel_requested
-               AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
-               AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))
-        FROM akadze.jobs j
-        WHERE j.id = c.id) AS ready,
-       c.limited, NULL::integer AS max_running, NULL::bigint AS running,
-       NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
-       c.scanned
-FROM kept c
--- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
-WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
-UNION ALL
--- One row per key met (id NULL), after the entries, for the keys that have a
--- limits row or (fair) running jobs in the queue: a key met without a row here
--- is unlimited and idle, which spares a row per key of a queue of free keys.
-SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
-       st.max_starts, st.starts, st.busy, NULL
-FROM (
+-- MATERIALIZED: read twice (the rows of state, and the cut below); inlined,
+-- each count would run once per reference.
+, st AS MATERIALIZED (
     SELECT m.limit_key,
            l.key IS NOT NULL AS limited, l.max_running,
            CASE WHEN l.key IS NOT NULL THEN
@@ -683,12 +648,61 @@ FROM (
         WHERE x.key = m.limit_key
         OFFSET 0) l ON true
     WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
-    -- OFFSET 0 keeps this subquery whole: inlined, each busy count ran twice
-    -- (once for the WHERE below, once for its column), 1 ms of a 4 ms window of
-    -- 240 new groups (EXPLAIN ANALYZE).
-    OFFSET 0
-) st
+)
+-- The cut: a window (scanned not null; not claim_group_rows, whose caller
+-- counts each group's entries) does not return the ready entries of a limited
+-- key past the key's headroom, by the state above (in this snapshot, the one
+-- the caller learns): they cannot be eligible (planner.prune drops them), and
+-- on a queue whose limited keys have a slot or two free each, they were most of
+-- a window (280 of 320 entries sent, decoded and planned over for nothing). The
+-- last entry is always returned: the caller's next window starts after it. A
+-- key whose state the caller knew is not cut (its headroom may be another
+-- snapshot's). `cut`: how many entries were left out so (on every entry), so
+-- that the caller still tells the end of the queue by `scanned`.
+, rated AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited, c.scanned,
+           (SELECT NOT j.cancel_requested
+                   AND (j.expires_at IS NULL
+                        OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
+                   AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))
+            FROM akadze.jobs j
+            WHERE j.id = c.id) AS ready
+    FROM kept c
+    -- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
+    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+)
+, judged_entries AS (
+    SELECT r.*,
+           COALESCE(r.scanned IS NOT NULL AND r.ready AND s.limited
+                    AND row_number() OVER (PARTITION BY r.limit_key, r.ready
+                                           ORDER BY r.priority DESC, r.run_at, r.id)
+                        > GREATEST(0, LEAST(s.max_running - s.running,
+                                            s.max_starts - s.starts))
+                    AND row_number() OVER (ORDER BY r.priority, r.run_at DESC, r.id DESC) > 1,
+                    false) AS cut
+    FROM rated r
+    LEFT JOIN st s ON s.limit_key = r.limit_key
+)
+, entries AS (
+    SELECT e.*, count(*) FILTER (WHERE e.cut) OVER () AS cuts FROM judged_entries e
+)
+SELECT e.id, e.priority, e.run_at, e.limit_key, e.ready,
+       e.limited, NULL::integer AS max_running, NULL::bigint AS running,
+       NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
+       e.scanned, NULL::text[] AS left_out, e.cuts
+FROM entries e
+WHERE NOT e.cut
+UNION ALL
+-- One row per key met (id NULL), after the entries, for the keys that have a
+-- limits row or (fair) running jobs in the queue: a key met without a row here
+-- is unlimited and idle, which spares a row per key of a queue of free keys.
+SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
+       st.max_starts, st.starts, st.busy, NULL, NULL, NULL
+FROM st
 WHERE st.limited OR st.busy > 0
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, lo.keys, NULL
+FROM left_out lo
 ORDER BY 2 DESC NULLS LAST, 3, 1
 
 -- fragment: claim_limit_counts
@@ -725,3 +739,79 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
         %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
         %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, now()), %(skip_free)b::jsonb,
         %(skip_limited)b::jsonb, %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
+
+-- fragment: claim_window_early_stop
+-- The early stop of claim_window and claim_window_judged, after their CTE
+-- `candidates`: the CTE `kept` of claim_entries_with_state.
+-- The early stop (`need` not null, planner.ReadMore): the entries up to and
+-- with the need-th one that is sure to help. Default order: an entry of a key
+-- without a limits row (or without a key), which is eligible (if ready). Fair
+-- order: the first entry of a group that the claim has not met (not in `known`)
+-- with no limits row and nothing running in the queue: its turn is 1. With
+-- that many the claim can settle, and the window's tail would be read, sent,
+-- and have its keys' state looked up for nothing (a window that follows many
+-- excluded keys is large). CASE evaluates the probes only where needed. What is
+-- returned stays a prefix of the queue; `scanned` (on every entry) lets the
+-- caller tell a cut window from the end of the queue.
+--
+-- Each correlated EXISTS ends in OFFSET 0, which keeps it a probe per entry
+-- (an index probe of limits_pkey or jobs_running_key_idx). Without it the
+-- planner may hash the subquery instead, reading every limits row or every
+-- running job of the key index once per statement, and it chooses between the
+-- two by its estimate of the rows: on statistics taken while the queue was
+-- empty it hashed (1 000 running jobs read for a window of 40).
+, firsts AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited,
+           row_number() OVER (PARTITION BY c.limit_key
+                              ORDER BY c.priority DESC, c.run_at, c.id) = 1 AS first
+    FROM candidates c
+)
+, free AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited,
+           CASE WHEN %(need)s::int IS NULL THEN false
+                -- A flagged job's key has a limits row (migration 0005): no
+                -- probe needed to know it is not free.
+                WHEN c.limited THEN false
+                WHEN NOT %(fair)s THEN
+                    c.limit_key IS NULL
+                    OR NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key
+                                   OFFSET 0)
+                WHEN NOT c.first THEN false
+                WHEN c.limit_key IS NULL THEN
+                    NOT %(known_null)s
+                    AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
+                                    WHERE r.state = 'running' AND r.limit_key IS NULL
+                                      AND r.queue = %(queue)s)
+                ELSE
+                    c.limit_key NOT IN (SELECT unnest(%(known)b::text[]))
+                    AND NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key
+                                    OFFSET 0)
+                    AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
+                                    WHERE r.state = 'running' AND r.limit_key = c.limit_key
+                                      AND r.queue = %(queue)s
+                                    OFFSET 0)
+           END AS free
+    FROM firsts c
+)
+, counted AS (
+    SELECT f.id, f.priority, f.run_at, f.limit_key, f.limited,
+           count(*) OVER () AS scanned,
+           count(*) FILTER (WHERE f.free) OVER (
+               ORDER BY f.priority DESC, f.run_at, f.id
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS free_before
+    FROM free f
+)
+, kept AS (
+    SELECT k.id, k.priority, k.run_at, k.limit_key, k.limited, k.scanned
+    FROM counted k
+    WHERE %(need)s::int IS NULL OR k.free_before < %(need)s::int
+)
+
+-- fragment: claim_window_judged_candidates
+-- claim_window_candidates with the remembered keys judged on the server
+-- (claim_window_judged).
+    SELECT * FROM akadze.ready_window_judged(
+        %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
+        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, now()), %(skip_free)b::jsonb,
+        %(skip_limited)b::jsonb, %(remembered)b::jsonb, %(remembered_free)b::jsonb,
+        %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
