@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -105,6 +105,10 @@ class _Reading:
     # What a skip scan or its guard said of the number of groups: True, many;
     # False, few enough to list; None, it did not run (Hints.many_groups).
     crowded: bool | None = None
+    # The keys of the entries windows read, returned or not (a window does not
+    # return the entries of a limited key past its headroom, but names the key
+    # with its state): how many groups the head of the queue shows.
+    met: set[str | None] = field(default_factory=set)
 
 
 def _after_params(after: Position | None) -> dict[str, object]:
@@ -123,6 +127,8 @@ def _entries(rows: list[Row], known: KeyState) -> list[tuple[planner.Row, bool]]
         if r[0] is None:
             if r[12] is None:  # not the row of left-out keys (claim_window_judged)
                 known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
+                if r[4] and r[3] is not None:
+                    known.unflagged.add(r[3])  # met in the free part (its `ready`)
         else:
             entries.append((make(r[:4]), r[4]))
             if r[5] is False and r[3] is not None:
@@ -180,6 +186,7 @@ def _apply_window(known: KeyState, reading: _Reading, rows: list[Row], window: i
     # claim_entries_with_state).
     scanned, cuts = next(((r[11], r[13]) for r in rows if r[0] is not None), (0, 0))
     reading.complete = len(entries) + cuts == scanned < window
+    reading.met.update(r[3] for r in rows if r[0] is not None or r[12] is None)
     _advance(reading, entries)
 
 
@@ -490,7 +497,7 @@ def windowed_steps(request: Request) -> Steps:
                 continue
             if (reading.universe is None and not reading.scanned_groups and reading.window
                     and not hints.many_groups
-                    and len({r.key for r in reading.rows}) <= GROUP_SCAN_TRY):
+                    and len(reading.met) <= GROUP_SCAN_TRY):
                 yield from _scan_groups(request, known, reading)
                 if reading.universe is not None:
                     continue  # plan again: fair groups may need their busy counts

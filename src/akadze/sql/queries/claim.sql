@@ -613,14 +613,19 @@ SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
 -- statement's snapshot the counts are exact for a single claim; a key is locked
 -- (and counted again) only if the claim goes on to take from it (claim_lock).
 , met AS (
-    SELECT DISTINCT c.limit_key FROM kept c
+    -- unflagged: an entry of the key came from the free part (jobs.limited
+    -- false; the caller remembers such keys, Hints.unflagged, even when the cut
+    -- below returns none of their entries)
+    SELECT c.limit_key, COALESCE(bool_or(c.limited IS FALSE), false) AS unflagged
+    FROM kept c
     WHERE (c.limit_key IS NULL AND NOT %(known_null)s)
        OR c.limit_key NOT IN (SELECT unnest(%(known)b::text[]))
+    GROUP BY c.limit_key
 )
 -- MATERIALIZED: read twice (the rows of state, and the cut below); inlined,
 -- each count would run once per reference.
 , st AS MATERIALIZED (
-    SELECT m.limit_key,
+    SELECT m.limit_key, m.unflagged,
            l.key IS NOT NULL AS limited, l.max_running,
            CASE WHEN l.key IS NOT NULL THEN
                (SELECT count(*) FROM akadze.jobs r
@@ -696,8 +701,9 @@ UNION ALL
 -- One row per key met (id NULL), after the entries, for the keys that have a
 -- limits row or (fair) running jobs in the queue: a key met without a row here
 -- is unlimited and idle, which spares a row per key of a queue of free keys.
-SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
-       st.max_starts, st.starts, st.busy, NULL, NULL, NULL
+-- Its `ready` column says whether it was met in the free part (unflagged).
+SELECT NULL, NULL, NULL, st.limit_key, st.unflagged, st.limited, st.max_running,
+       st.running, st.max_starts, st.starts, st.busy, NULL, NULL, NULL
 FROM st
 WHERE st.limited OR st.busy > 0
 UNION ALL
