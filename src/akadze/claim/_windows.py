@@ -183,9 +183,9 @@ def _apply_window(known: KeyState, reading: _Reading, rows: list[Row], window: i
     # Read to the end only if the window was not cut short (planner.ReadMore.need)
     # and still came back short of its size. `cuts`: the entries of limited keys
     # past their headroom that the window read but did not return (the cut of
-    # claim_entries_with_state).
+    # claim_entries_cut_with_state, claim_window_judged's; null elsewhere).
     scanned, cuts = next(((r[11], r[13]) for r in rows if r[0] is not None), (0, 0))
-    reading.complete = len(entries) + cuts == scanned < window
+    reading.complete = len(entries) + (cuts or 0) == scanned < window
     reading.met.update(r[3] for r in rows if r[0] is not None or r[12] is None)
     _advance(reading, entries)
 
