@@ -166,12 +166,11 @@ def _read_window(
 
 
 def _window(request: Request, known: KeyState, reading: _Reading, window: int,
-            exclude: frozenset[str | None], need: int | None,
-            limited: frozenset[str] = frozenset()) -> Statement:
+            exclude: frozenset[str | None], need: int | None) -> Statement:
     params = {
         **request.params(), **_after_params(reading.after), **known.params(exclude),
         "window": window, "need": need,
-        **known.skip_lists(exclude, limited), "skip_null": None in exclude,
+        **known.skip_lists(exclude), "skip_null": None in exclude,
         "split_max": SPLIT_MAX,
     }
     # Without an early stop the window needs none of its machinery.
