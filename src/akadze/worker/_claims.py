@@ -336,12 +336,14 @@ class ClaimLoop:
             if (idle and not self._suspect and self._should_look(notified)
                     and not await self._looks_ready()):
                 # Nothing a claim could take or sweep: no claim, no turn.
+                IDLE_EASING.skipped += 1
                 if not wakeup.notified(self.queue):
                     state.events.emit("idle", queue=self.queue)
                 await self._idle_wait()
                 continue
             room = self._room()
             began = loop.time()
+            IDLE_EASING.claims += 1
             try:
                 if self._suspect:
                     await self._reconcile()
@@ -402,6 +404,7 @@ class ClaimLoop:
         trouble and deals with it."""
         wakeup = self._wakeup
         peers = wakeup.peers_stale(self.queue)
+        IDLE_EASING.looks += 1
         try:
             async with self._connections.claim_connection() as conn:
                 cur = await conn.execute(queries.get("worker_queue_ready"), {

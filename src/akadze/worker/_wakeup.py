@@ -68,10 +68,16 @@ class IdleEasing:
 
     ``look_first``: an idle claim loop asks ``worker_queue_ready`` (no lock, no
     turn) before it claims; ``spread``: wake-ups after a notification are spread
-    over the queue's peers (:func:`wake_delay`)."""
+    over the queue's peers (:func:`wake_delay`). The counters say what the claim
+    loops of this process did: ``claims`` made (each took its queue's turn),
+    ``looks`` made, and how many of those looks found nothing (``skipped``: a claim
+    not made)."""
 
     look_first: bool = True
     spread: bool = True
+    claims: int = 0
+    looks: int = 0
+    skipped: int = 0
 
 
 #: The switches every worker of this process reads.
