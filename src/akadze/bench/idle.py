@@ -1,6 +1,6 @@
 """``akadze bench idle``: what many idle workers cost the server, and a busy worker.
 
-``--workers`` idle workers (default 100: :class:`~akadze.worker.Worker` objects with
+``--workers`` idle workers (default 95: :class:`~akadze.worker.Worker` objects with
 one slot and default settings, listening, spread over ``--processes`` processes) serve
 a queue with nothing ready; one busy worker (``--busy-slots`` slots, in this process)
 drains a backlog of ``--busy-jobs`` no-op jobs on another queue of the same database.
@@ -21,8 +21,10 @@ Reported:
   job, pick-up latency (from just before the enqueue's commit was sent to the task's
   first line, one clock: CLOCK_MONOTONIC is the host's), and server CPU.
 
-Each idle worker holds 3 server connections (general pool, claim pool, LISTEN): 100
-of them hold 300 of the server's ``max_connections``.
+Each idle worker holds up to 4 server connections (the default budget of a listening
+worker of one slot: LISTEN, claims 1, general pool 2, which its heartbeat and
+maintenance fill): 100 of them would need all of a ``max_connections`` of 400, so
+the default is 95, and the per-worker costs scale to 100.
 """
 
 from __future__ import annotations
@@ -72,12 +74,13 @@ def _app(url: str) -> Akadze:
 # -- the idle workers' processes -----------------------------------------------------------
 
 
-def _idle_process(url: str, count: int, easing: bool, commands: Any, replies: Any) -> None:
+def _idle_process(url: str, count: int, easing: bool, maintenance: bool, commands: Any,
+                  replies: Any) -> None:
     IDLE_EASING.look_first = IDLE_EASING.spread = easing
-    asyncio.run(_serve(url, count, commands, replies))
+    asyncio.run(_serve(url, count, maintenance, commands, replies))
 
 
-async def _serve(url: str, count: int, commands: Any, replies: Any) -> None:
+async def _serve(url: str, count: int, maintenance: bool, commands: Any, replies: Any) -> None:
     app = _app(url)
     ready = [asyncio.Event() for _ in range(count)]
 
@@ -93,7 +96,8 @@ async def _serve(url: str, count: int, commands: Any, replies: Any) -> None:
         return seen
 
     async with AsyncExitStack() as stack:
-        workers = [Worker(app, queues=[IDLE_QUEUE], slots=1, on_event=on_event(n))
+        workers = [Worker(app, queues=[IDLE_QUEUE], slots=1, maintenance=maintenance,
+                          on_event=on_event(n))
                    for n in range(count)]
         await asyncio.gather(*(stack.enter_async_context(w) for w in workers))
         await asyncio.gather(*(event.wait() for event in ready))
@@ -114,6 +118,10 @@ class Counts:
     looks: int = 0
     skipped: int = 0
 
+    def per_second(self, seconds: float) -> tuple[float, float]:
+        """(claims/s, looks/s) over ``seconds`` (about: the counts are read around it)."""
+        return self.claims / seconds, self.looks / seconds
+
     def __sub__(self, other: Counts) -> Counts:
         return Counts(self.claims - other.claims, self.looks - other.looks,
                       self.skipped - other.skipped)
@@ -122,14 +130,16 @@ class Counts:
 class IdleGroup:
     """``workers`` idle workers over ``processes`` processes, easing on or off."""
 
-    def __init__(self, url: str, workers: int, processes: int, easing: bool) -> None:
+    def __init__(self, url: str, workers: int, processes: int, easing: bool,
+                 maintenance: bool = True) -> None:
         ctx = multiprocessing.get_context("spawn")
         sizes = [workers // processes + (1 if n < workers % processes else 0)
                  for n in range(processes)]
         self._commands = [ctx.Queue() for _ in sizes]
         self._replies = ctx.Queue()
         self._procs = [ctx.Process(target=_idle_process, daemon=True,
-                                   args=(url, size, easing, commands, self._replies))
+                                   args=(url, size, easing, maintenance, commands,
+                                         self._replies))
                        for size, commands in zip(sizes, self._commands, strict=True) if size]
         self._commands = self._commands[:len(self._procs)]
 
@@ -312,6 +322,9 @@ class Results:
     alone: list[float] = field(default_factory=list)  # busy jobs/s
     beside: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []})
     cpu: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []})
+    #: (claims/s, looks/s) of the idle workers over each CPU window
+    rates: dict[bool, list[tuple[float, float]]] = field(
+        default_factory=lambda: {True: [], False: []})
     storms: list[Storm] = field(default_factory=list)
 
 
@@ -325,12 +338,14 @@ def _label(easing: bool) -> str:
 
 def rows(results: Results) -> list[tuple[str, ...]]:
     alone = _med(results.alone)
-    out: list[tuple[str, ...]] = [("busy worker alone", "", f"{alone:,.0f}", "1.00")]
+    out: list[tuple[str, ...]] = [("busy worker alone", "", "", "", f"{alone:,.0f}", "1.00")]
     for easing in (True, False):
         beside = _med(results.beside[easing])
+        rates = results.rates[easing]
         out.append((f"beside the idle workers, easing {_label(easing)}",
-                     f"{_med(results.cpu[easing]):.2f}", f"{beside:,.0f}",
-                     f"{beside / alone:.2f}"))
+                     f"{_med(results.cpu[easing]):.2f}",
+                     f"{_med([r[0] for r in rates]):.1f}", f"{_med([r[1] for r in rates]):.1f}",
+                     f"{beside:,.0f}", f"{beside / alone:.2f}"))
     return out
 
 
@@ -344,7 +359,8 @@ def storm_rows(results: Results) -> list[tuple[str, ...]]:
     return out
 
 
-COLUMNS = ["run", "idle server CPU, % of a core", "busy jobs/s", "ratio to alone"]
+COLUMNS = ["run", "idle server CPU, % of a core", "idle claims/s", "idle looks/s",
+           "busy jobs/s", "ratio to alone"]
 STORM_COLUMNS = ["easing", "jobs", "claims/job", "looks/job", "pick-up p50 ms",
                  "pick-up p99 ms", "server CPU %"]
 
@@ -414,8 +430,8 @@ def write_report(path: Path, host: dict[str, str], options: dict[str, Any],
 
 
 @click.command("idle")
-@click.option("--workers", type=click.IntRange(1, 120), default=100, show_default=True,
-              help="Idle workers (3 server connections each).")
+@click.option("--workers", type=click.IntRange(1, 120), default=95, show_default=True,
+              help="Idle workers (up to 4 server connections each).")
 @click.option("--processes", type=click.IntRange(1, 32), default=4, show_default=True,
               help="Processes the idle workers are spread over.")
 @click.option("--busy-jobs", type=click.IntRange(100), default=20_000, show_default=True,
@@ -428,12 +444,14 @@ def write_report(path: Path, host: dict[str, str], options: dict[str, Any],
               help="Single enqueues per second into the idle queue (0 skips the storm).")
 @click.option("--storm-seconds", type=click.FloatRange(1, 120), default=10.0,
               show_default=True)
+@click.option("--maintenance/--no-maintenance", default=True, show_default=True,
+              help="Whether the idle workers take part in cluster maintenance.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Markdown report here.")
 @database_url_option
 def command(workers: int, processes: int, busy_jobs: int, busy_slots: int, window: float,
-            rounds: int, storm_rate: float, storm_seconds: float, report: Path | None,
-            database_url: str | None) -> None:
+            rounds: int, storm_rate: float, storm_seconds: float, maintenance: bool,
+            report: Path | None, database_url: str | None) -> None:
     """Server CPU of many idle workers, and the throughput of a busy one beside them."""
     url = resolve(database_url)
     click.echo(f"benching on {describe(url)}")
@@ -449,9 +467,11 @@ def command(workers: int, processes: int, busy_jobs: int, busy_slots: int, windo
                     click.echo(f"round {number + 1}: alone {results.alone[-1]:,.0f} jobs/s",
                                err=True)
                     continue
-                with IdleGroup(scratch, workers, processes, easing) as group:
+                with IdleGroup(scratch, workers, processes, easing, maintenance) as group:
                     time.sleep(SETTLE)
+                    before = group.counts()
                     results.cpu[easing].append(server_cpu_percent(conn, window))
+                    results.rates[easing].append((group.counts() - before).per_second(window))
                     results.beside[easing].append(
                         asyncio.run(_drain(scratch, busy_jobs, busy_slots)))
                     if storm_rate and number == rounds - 1:
