@@ -16,7 +16,7 @@ Reported:
 - the busy worker's jobs/s alone and beside the idle workers (on, off); the three
   alternate, in a rotating order, ``--rounds`` times, and medians are reported;
 - the storm: a producer enqueues single jobs into the idle workers' own queue, each in
-  a transaction of its own, at ``--storm-rate`` per second for ``--storm-seconds``:
+  a transaction of its own, at each of ``--storm-rates`` per second for ``--storm-seconds``:
   claims (turn acquisitions, counted by the idle workers' processes) and looks per
   job, pick-up latency (from just before the enqueue's commit was sent to the task's
   first line, one clock: CLOCK_MONOTONIC is the host's), and server CPU.
@@ -257,6 +257,7 @@ async def _drain(url: str, jobs: int, slots: int) -> float:
 @dataclass
 class Storm:
     easing: bool
+    rate: float
     jobs: int = 0
     seconds: float = 0.0
     counts: Counts = field(default_factory=Counts)
@@ -286,7 +287,7 @@ def _produce(url: str, rate: float, seconds: float) -> int:
 
 def measure_storm(conn: Conn, url: str, group: IdleGroup, easing: bool, rate: float,
                   seconds: float) -> Storm:
-    storm = Storm(easing)
+    storm = Storm(easing, rate)
     conn.execute("DELETE FROM akadze.jobs WHERE queue = %s", (IDLE_QUEUE,))
     before = group.counts()
     pids = backend_pids(conn)
@@ -351,9 +352,10 @@ def rows(results: Results) -> list[tuple[str, ...]]:
 
 def storm_rows(results: Results) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
-    for storm in results.storms:
+    for storm in sorted(results.storms, key=lambda s: (s.rate, not s.easing)):
         jobs = max(storm.jobs, 1)
-        out.append((_label(storm.easing), str(storm.jobs), f"{storm.counts.claims / jobs:.2f}",
+        out.append((f"{storm.rate:g}", _label(storm.easing), str(storm.jobs),
+                    f"{storm.counts.claims / jobs:.2f}",
                     f"{storm.counts.looks / jobs:.2f}", f"{storm.pct(0.5):.2f}",
                     f"{storm.pct(0.99):.2f}", f"{storm.cpu:.1f}"))
     return out
@@ -361,7 +363,7 @@ def storm_rows(results: Results) -> list[tuple[str, ...]]:
 
 COLUMNS = ["run", "idle server CPU, % of a core", "idle claims/s", "idle looks/s",
            "busy jobs/s", "ratio to alone"]
-STORM_COLUMNS = ["easing", "jobs", "claims/job", "looks/job", "pick-up p50 ms",
+STORM_COLUMNS = ["enqueues/s", "easing", "jobs", "claims/job", "looks/job", "pick-up p50 ms",
                  "pick-up p99 ms", "server CPU %"]
 
 
@@ -383,7 +385,8 @@ def write_report(path: Path, host: dict[str, str], options: dict[str, Any],
         "Host: " + "; ".join(f"{k} {v}" for k, v in host.items()) + ".",
         "",
         f"Setup: {options['workers']} idle workers (`Worker` objects, 1 slot, default "
-        f"settings: poll_interval 1 s, listening, maintenance on) over "
+        f"settings: poll_interval 1 s, listening, maintenance "
+        f"{'on' if options['maintenance'] else 'off'}) over "
         f"{options['processes']} processes on queue `{IDLE_QUEUE}`, where nothing is "
         f"ready; one busy worker ({options['busy_slots']} slots, this process) draining "
         f"{options['busy_jobs']:,} no-op jobs on queue `{BUSY_QUEUE}` of the same "
@@ -412,8 +415,8 @@ def write_report(path: Path, host: dict[str, str], options: dict[str, Any],
             "## Notification storm",
             "",
             f"A producer enqueues single jobs into the idle workers' own queue, each in a "
-            f"transaction of its own, at {options['storm_rate']:g}/s for "
-            f"{options['storm_seconds']:g} s; every enqueue notifies every idle worker. "
+            f"transaction of its own, at each rate for {options['storm_seconds']:g} s; "
+            "every enqueue notifies every idle worker. "
             "*claims/job*: claims made by the idle workers (each takes the queue's turn) "
             "per job enqueued; *looks/job*: ready checks (no lock); *pick-up*: from just "
             "before the enqueue's commit was sent to the task's first line; *server CPU*: "
@@ -440,8 +443,9 @@ def write_report(path: Path, host: dict[str, str], options: dict[str, Any],
 @click.option("--window", type=click.FloatRange(1, 120), default=10.0, show_default=True,
               help="Seconds over which the idle workers' server CPU is measured.")
 @click.option("--rounds", type=click.IntRange(1, 10), default=3, show_default=True)
-@click.option("--storm-rate", type=click.FloatRange(0), default=100.0, show_default=True,
-              help="Single enqueues per second into the idle queue (0 skips the storm).")
+@click.option("--storm-rates", "storm_rates_text", default="10,100", show_default=True,
+              help="Single enqueues per second into the idle queue, comma-separated "
+              "(0 skips the storm).")
 @click.option("--storm-seconds", type=click.FloatRange(1, 120), default=10.0,
               show_default=True)
 @click.option("--maintenance/--no-maintenance", default=True, show_default=True,
@@ -450,9 +454,15 @@ def write_report(path: Path, host: dict[str, str], options: dict[str, Any],
               help="Write a Markdown report here.")
 @database_url_option
 def command(workers: int, processes: int, busy_jobs: int, busy_slots: int, window: float,
-            rounds: int, storm_rate: float, storm_seconds: float, maintenance: bool,
+            rounds: int, storm_rates_text: str, storm_seconds: float, maintenance: bool,
             report: Path | None, database_url: str | None) -> None:
     """Server CPU of many idle workers, and the throughput of a busy one beside them."""
+    try:
+        storm_rates = [float(r) for r in storm_rates_text.split(",") if r.strip()]
+    except ValueError:
+        raise click.BadParameter(f"not numbers: {storm_rates_text!r}",
+                                 param_hint="--storm-rates") from None
+    storm_rates = [r for r in storm_rates if r > 0]
     url = resolve(database_url)
     click.echo(f"benching on {describe(url)}")
     results = Results()
@@ -474,9 +484,9 @@ def command(workers: int, processes: int, busy_jobs: int, busy_slots: int, windo
                     results.rates[easing].append((group.counts() - before).per_second(window))
                     results.beside[easing].append(
                         asyncio.run(_drain(scratch, busy_jobs, busy_slots)))
-                    if storm_rate and number == rounds - 1:
+                    for rate in storm_rates if number == rounds - 1 else []:
                         results.storms.append(measure_storm(conn, scratch, group, easing,
-                                                            storm_rate, storm_seconds))
+                                                            rate, storm_seconds))
                 click.echo(f"round {number + 1}: easing {_label(easing)}: idle CPU "
                            f"{results.cpu[easing][-1]:.2f} %, beside "
                            f"{results.beside[easing][-1]:,.0f} jobs/s", err=True)
@@ -486,10 +496,11 @@ def command(workers: int, processes: int, busy_jobs: int, busy_slots: int, windo
     if report is not None:
         argv = (f"--workers {workers} --processes {processes} --busy-jobs {busy_jobs} "
                 f"--busy-slots {busy_slots} --window {window:g} --rounds {rounds} "
-                f"--storm-rate {storm_rate:g} --storm-seconds {storm_seconds:g}")
+                f"--storm-rates {storm_rates_text} --storm-seconds {storm_seconds:g}"
+                + ("" if maintenance else " --no-maintenance"))
         write_report(report, host, {"workers": workers, "processes": processes,
                                     "busy_jobs": busy_jobs, "busy_slots": busy_slots,
                                     "window": window, "rounds": rounds, "argv": argv,
-                                    "storm_rate": storm_rate,
+                                    "maintenance": maintenance,
                                     "storm_seconds": storm_seconds}, results)
         click.echo(f"report written to {report}")
