@@ -27,7 +27,7 @@ def test_idle_bench_measures_both_easings_and_the_storm(
     report = tmp_path / "idle.md"
     code = main(["bench", "idle", "--database-url", server_url, "--workers", "3",
                  "--processes", "1", "--busy-jobs", "300", "--window", "2", "--rounds", "1",
-                 "--storm-rates", "5", "--storm-seconds", "1", "--report", str(report)])
+                 "--storm-rates", "5", "--storm-seconds", "2", "--report", str(report)])
     out = capsys.readouterr()
     assert code == 0, out.err
     text = report.read_text()
@@ -41,7 +41,7 @@ def test_idle_bench_measures_both_easings_and_the_storm(
     storms = _rows(text, "## Notification storm")
     assert [row[1] for row in storms] == ["on", "off"]
     for row in storms:
-        assert row[2] == "5" and float(row[3]) > 0 and float(row[5]) >= 0, row
+        assert row[2] == "10" and float(row[3]) > 0 and float(row[5]) >= 0, row
 
 
 def test_idle_bench_refuses_bad_storm_rates(capsys: pytest.CaptureFixture[str]) -> None:
