@@ -10,18 +10,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from akadze.bench.cluster import round_trip_ms
 from akadze.bench.proxy import Proxy, ProxyError, proxied_url
-
-
-def _fastest_round_trip(url: str, n: int = 60) -> float:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT 1")
-        times = []
-        for _ in range(n):
-            began = time.perf_counter()
-            conn.execute("SELECT 1")
-            times.append(time.perf_counter() - began)
-    return min(times)
 
 
 def _backend_pids(database_url: str) -> set[int]:
@@ -35,9 +25,9 @@ def _backend_pids(database_url: str) -> set[int]:
 def test_the_injected_round_trip_is_twice_the_delay(database_url: str) -> None:
     with Proxy.for_url(database_url) as proxy:
         url = proxy.url(database_url)
-        plain = _fastest_round_trip(url)
+        plain = round_trip_ms(url, n=60) / 1000
         proxy.set_delay(0.002)
-        delayed = _fastest_round_trip(url, n=30)
+        delayed = round_trip_ms(url, n=30) / 1000
     # The fastest of each, and a lower bound only: a busy machine adds time, never
     # takes it away (4 ms injected; room for a plain round trip slowed throughout).
     assert delayed - plain >= 0.0035, (plain, delayed)

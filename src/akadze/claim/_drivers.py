@@ -126,7 +126,17 @@ def _rollback_sync(conn: psycopg.Connection[Any]) -> None:
     try:
         conn.execute(_ROLLBACK, prepare=False)
     except Exception as exc:
-        logger.warning("rolling back a failed claim failed: %s", exc)
+        _closing(exc)
+        conn.close()
+
+
+def _closing(exc: Exception) -> None:
+    """A failed claim's connection that cannot even roll back is closed: a pooler
+    that lost its server connection in the middle of a pipeline (PgBouncer's
+    "server conn crashed?") leaves libpq waiting for replies that never come, and
+    the connection would otherwise stay "in a transaction" for ever, refusing every
+    later claim. Closed, its pool replaces it and its owner sees why."""
+    logger.warning("rolling back a failed claim failed, closing its connection: %s", exc)
 
 
 def _refuse_async_hook(hook: Callable[..., Any], outcome: Awaitable[Any]) -> None:
@@ -203,7 +213,8 @@ async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
     try:
         await conn.execute(_ROLLBACK, prepare=False)
     except Exception as exc:
-        logger.warning("rolling back a failed claim failed: %s", exc)
+        _closing(exc)
+        await conn.close()
 
 
 # -- public API -------------------------------------------------------------------------

@@ -9,11 +9,15 @@ printed with its password.
 The exit code of an error is chosen here, from its class (:data:`EXIT_CODES`):
 library errors say what went wrong, not how a program reports it.
 
-Each command group lives in its own module here and is registered below.
+Each command group lives in its own module here, named after the command, and is
+imported only when that command runs (:class:`_Commands`): ``akadze worker`` does not
+load the benchmarks, and a module of the harness may import ``akadze.cli.options``
+without importing the commands that import it.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -41,9 +45,7 @@ from ..errors import (
     UnstorableResult,
     WorkerError,
 )
-from . import bench, db, demo, jobs, limits, metrics, migrate, queues, schedules, worker, workers
 from ._render import shown
-from .dashboard import command as dashboard_command
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -87,17 +89,31 @@ def documentation_url() -> str | None:
     return None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+#: The commands, each the ``command`` of the module of this package of the same name.
+COMMANDS = ("bench", "dashboard", "db", "demo", "jobs", "limits", "metrics", "migrate",
+            "queues", "schedules", "worker", "workers")
+
+
+class _Commands(click.Group):
+    """The top-level group: a command's module is imported when it is looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        found = importlib.import_module(f"{__name__}.{cmd_name}").command
+        assert isinstance(found, click.Command)
+        return found
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]},
              epilog=f"Documentation: {documentation_url() or 'the docs/ folder of the source'}"
                     " (akadze COMMAND -h for a command's options).")
 @click.version_option(package_name="akadze", prog_name="akadze")
 def cli() -> None:
     """akadze: a PostgreSQL job queue with exact limits and fair scheduling."""
-
-
-for module in (migrate, worker, jobs, queues, limits, workers, schedules, metrics, db, demo, bench):
-    cli.add_command(module.command)
-cli.add_command(dashboard_command)
 
 
 def _one_line(message: str) -> str:

@@ -1,14 +1,19 @@
 """Cluster maintenance run from inside the workers, one runner at a time.
 
-Every worker ticks periodically; whoever gets the maintenance advisory lock (taken
-without waiting, so nobody queues up behind it, and scoped to the rescue's
-transaction, so that it works through a pooler in transaction mode) does the round:
+Every worker ticks about once a second; whoever gets the maintenance advisory lock
+(taken without waiting, so nobody queues up behind it, and scoped to the rescue's
+transaction, so that it works through a pooler in transaction mode) does the round,
+unless the cluster's last round began less than :data:`ROUND_EVERY` ago (a row of
+``akadze.maintenance``, migration 0015): the cluster runs one round per period
+however many workers tick, and a tick that finds the round done costs one statement.
+The round:
 
 - rescue: delete workers whose lease expired and take back their running jobs;
 - end the claims of workers that stopped answering in the middle of a claim (they
   hold the queue's claim turn: every other claim of the queue would wait);
 - schedules: enqueue the due fires of periodic schedules (``akadze.schedules``);
-- retention: prune old finished jobs (``akadze.retention``), less often.
+- retention: prune old finished jobs (``akadze.retention``), once per
+  :data:`PRUNE_EVERY` for the cluster.
 
 No process assumes it is alone: the lock lives in the database, and each step is
 safe even if two rounds overlapped (the callees coordinate through the database
@@ -17,7 +22,6 @@ too).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,22 +61,43 @@ async def rescue_expired(
     lease expired; return ``(job id, new state)`` pairs. Runs its own transaction;
     on_transition hooks run in it. ``turn``: first take the maintenance lock for
     that transaction, and return None at once when another process has it."""
-    params = {"now": now, "orphan_grace": orphan_grace}
+    if not turn:
+        async with conn.transaction():
+            return await _rescue(conn, app, now, orphan_grace)
+    taken = await _rescue_in_turn(conn, app, now=now, orphan_grace=orphan_grace,
+                                  every=0.0, prune_every=PRUNE_EVERY)
+    return None if taken is None else taken[0]
+
+
+async def _rescue_in_turn(
+    conn: psycopg.AsyncConnection[Any], app: Akadze | None, *, now: datetime | None,
+    orphan_grace: float, every: float, prune_every: float,
+) -> tuple[list[tuple[int, str]], bool] | None:
+    """The rescue of a round, in the maintenance turn: None when another process has
+    the lock or the cluster's last round began less than ``every`` seconds ago; else
+    what was rescued, and whether this round prunes (``prune_every``)."""
     async with conn.transaction():
-        if turn:
-            locked = await (await conn.execute(queries.get("maintenance_try_lock"))).fetchone()
-            if not locked or not locked[0]:
-                return None
-        cur = await conn.cursor(row_factory=job_state_rows).execute(
-            queries.get("rescue_expired"), params)
-        rows = await cur.fetchall()
-        hooks = app.on_transition_hooks if app is not None else []
-        rescued = []
-        for job, new_state in rows:
-            state = new_state.value
-            if hooks:
-                await call_transition_hooks(hooks, conn, job, "running", state)
-            rescued.append((job.id, state))
+        cur = await conn.execute(queries.get("maintenance_try_lock"),
+                                 {"every": every, "prune_every": prune_every})
+        row = await cur.fetchone()
+        if row is None or not row[1]:
+            return None
+        return await _rescue(conn, app, now, orphan_grace), bool(row[2])
+
+
+async def _rescue(conn: psycopg.AsyncConnection[Any], app: Akadze | None,
+                  now: datetime | None, orphan_grace: float) -> list[tuple[int, str]]:
+    """The rescue statement and its hooks, in the caller's transaction."""
+    cur = await conn.cursor(row_factory=job_state_rows).execute(
+        queries.get("rescue_expired"), {"now": now, "orphan_grace": orphan_grace})
+    rows = await cur.fetchall()
+    hooks = app.on_transition_hooks if app is not None else []
+    rescued = []
+    for job, new_state in rows:
+        state = new_state.value
+        if hooks:
+            await call_transition_hooks(hooks, conn, job, "running", state)
+        rescued.append((job.id, state))
     for job_id, state in rescued:
         logger.warning(
             "job %d was rescued from a worker whose lease expired: now %s", job_id, state,
@@ -104,28 +129,38 @@ async def run_round(
     now: datetime,
     sql_now: datetime | None = None,
     orphan_grace: float = 30.0,
-    prune: bool = False,
     idle_limit: float = 30.0,
+    every: float = 0.0,
+    prune_every: float | None = None,
 ) -> Round | None:
-    """One maintenance round if this process gets the lock (else None). ``conn`` is
-    an autocommit connection outside any transaction. The lock is held by the
-    rescue's transaction only: nothing outlives a transaction on the connection. The
-    lock holder also ends the claims that stopped answering while holding a queue's
-    turn for ``idle_limit`` seconds (``end_unresponsive_claims``)."""
-    rescued = await rescue_expired(conn, app, now=sql_now, orphan_grace=orphan_grace,
-                                   turn=True)
-    if rescued is None:
+    """One maintenance round if this process gets the lock and the cluster's last
+    round began ``every`` seconds ago or more (else None). ``conn`` is an autocommit
+    connection outside any transaction. The lock is held by the rescue's transaction
+    only: nothing outlives a transaction on the connection. The lock holder also ends
+    the claims that stopped answering while holding a queue's turn for ``idle_limit``
+    seconds (``end_unresponsive_claims``), enqueues due schedule fires and, when the
+    cluster's last prune began ``prune_every`` seconds ago or more, prunes (None:
+    never)."""
+    taken = await _rescue_in_turn(
+        conn, app, now=sql_now, orphan_grace=orphan_grace, every=every,
+        prune_every=prune_every if prune_every is not None else float("inf"))
+    if taken is None:
         return None
+    rescued, prune = taken
     done = Round(rescued=rescued)
     done.ended = await end_unresponsive_claims(conn, after=idle_limit)
     done.scheduled = list(await schedules.enqueue_due(conn, app, now))
-    if prune:
+    if prune and prune_every is not None:
         done.pruned = int(await retention.prune(conn, app, now))
     return done
 
 
-#: How often the maintenance round is tried, and how often it prunes.
+#: How often each worker tries a maintenance round (jittered), how often the
+#: cluster runs one (whoever tries first once this much has passed since the last
+#: one began: one round per period however many workers try), and how often a
+#: round prunes.
 MAINTENANCE_EVERY = 1.0
+ROUND_EVERY = 0.8
 PRUNE_EVERY = 60.0
 
 
@@ -138,8 +173,6 @@ class MaintenanceLoop:
 
     async def run(self) -> None:
         state, settings = self._state, self._state.settings
-        loop = asyncio.get_running_loop()
-        last_prune = loop.time()
         await state.registered.wait()
         while not state.stopping:
             if not state.lease_held():
@@ -148,20 +181,18 @@ class MaintenanceLoop:
                 # never judges others' leases before its own is settled.
                 await state.sleep(MAINTENANCE_EVERY * state.random.uniform(0.8, 1.2))
                 continue
-            prune = loop.time() - last_prune >= PRUNE_EVERY
             try:
                 async with self._connections.connection() as conn:
                     done = await run_round(
                         conn, settings.app, now=settings.wall_now(),
                         sql_now=settings.sql_now(), orphan_grace=settings.lease,
-                        prune=prune, idle_limit=settings.lease,
+                        idle_limit=settings.lease, every=ROUND_EVERY,
+                        prune_every=PRUNE_EVERY,
                     )
             except Exception as exc:
                 state.trouble.failed("maintenance", exc, MAINTENANCE_EVERY)
             else:
                 state.trouble.recovered("maintenance")
-                if done is not None and prune:
-                    last_prune = loop.time()
                 if done is not None and done.pruned:
                     logger.info("pruned %d finished jobs", done.pruned)
             await state.sleep(MAINTENANCE_EVERY * state.random.uniform(0.8, 1.2))

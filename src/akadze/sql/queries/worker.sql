@@ -330,9 +330,37 @@ WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
 -- number) and held to its COMMIT. Transaction-scoped, not session-level: through
 -- a pooler in transaction mode a session lock and its unlock can land on two
 -- server connections (and a lock left on a pooled server connection would stop
--- every rescue). Whoever gets it goes on with the rest of the round; rounds may
--- overlap after the rescue, which every later step allows.
-SELECT pg_try_advisory_xact_lock(7019811528365141364);
+-- every rescue). Rounds may overlap after the rescue, which every later step
+-- allows.
+--
+-- And one round per period for the cluster (migration 0015): the lock holder
+-- goes on with the round only when the last round began %(every)s seconds ago or
+-- more, and marks this one begun; it prunes too when the last prune began
+-- %(prune_every)s seconds ago or more. Server time (now()), not the injectable
+-- clock: the period is about the server's load. A mark in the future (the
+-- server's clock stepped back) does not hold rounds off. The UPDATE runs only
+-- for the lock holder (the InitPlan filter is false for everyone else, who
+-- touch no row), so nobody waits on the row's lock. The row is committed with
+-- the rescue: a failed rescue leaves the round due.
+--
+-- Returns locked (the lock was free), due (go on with the round) and prune.
+WITH turn AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(7019811528365141364) AS locked
+), marked AS (
+    UPDATE akadze.maintenance AS m
+    SET last_round_at = now(),
+        last_pruned_at = CASE
+            WHEN m.last_pruned_at > now() - %(prune_every)s * interval '1 second'
+                 AND m.last_pruned_at <= now()
+            THEN m.last_pruned_at ELSE now() END
+    WHERE (SELECT locked FROM turn)
+      AND NOT (m.last_round_at > now() - %(every)s * interval '1 second'
+               AND m.last_round_at <= now())
+    RETURNING m.last_pruned_at = now() AS prune
+)
+SELECT (SELECT locked FROM turn) AS locked,
+       EXISTS (SELECT 1 FROM marked) AS due,
+       COALESCE((SELECT prune FROM marked), false) AS prune;
 
 -- name: job_for_cancel
 -- Lock the job whose cancellation is requested, to decide between the queued and
