@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 
 from akadze.claim import claim
 
@@ -39,67 +40,60 @@ def _queue(conn: Conn, jobs: int) -> None:
         (jobs,))
 
 
-def test_a_claim_cut_off_from_its_server_leaves_no_stuck_connection(
-    pgbouncer: Any, pgbouncer_url: str, database_url: str, conn: Conn,
+class _Client:
+    """A claiming connection through PgBouncer, sync or async, made again once closed."""
+
+    def __init__(self, url: str, sync: bool) -> None:
+        self.url, self.sync = url, sync
+        self.conn: Any = None
+
+    async def open(self) -> None:
+        if self.sync:
+            self.conn = psycopg.connect(self.url, autocommit=True, prepare_threshold=None)
+        else:
+            self.conn = await psycopg.AsyncConnection.connect(
+                self.url, autocommit=True, prepare_threshold=None)
+
+    async def claim(self) -> list[Any]:
+        if self.sync:
+            return list(claim(self.conn, queue="q", slots=5, worker_id="w"))
+        return list(await claim(self.conn, queue="q", slots=5, worker_id="w"))
+
+    async def close(self) -> None:
+        done = self.conn.close()
+        if not self.sync:
+            await done
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+async def test_a_claim_cut_off_from_its_server_leaves_no_stuck_connection(
+    pgbouncer: Any, pgbouncer_url: str, database_url: str, conn: Conn, sync: bool,
 ) -> None:
     _queue(conn, 20_000)
     stop = threading.Event()
     ender = threading.Thread(target=_ender, args=(database_url, stop), daemon=True)
-    client = psycopg.connect(pgbouncer_url, autocommit=True, prepare_threshold=None)
+    client = _Client(pgbouncer_url, sync)
+    await client.open()
     failures: list[str] = []
     ender.start()
     try:
         deadline = time.monotonic() + DEADLINE
         while len(failures) < 5 and time.monotonic() < deadline:
             try:
-                claim(client, queue="q", slots=5, worker_id="w")
+                await client.claim()
             except psycopg.Error as exc:
                 failures.append(type(exc).__name__)
                 # Either usable again or closed: never stuck in a transaction.
-                assert client.closed or (
-                    client.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-                ), (failures, client.info.transaction_status)
-                if client.closed:
-                    client = psycopg.connect(pgbouncer_url, autocommit=True,
-                                             prepare_threshold=None)
+                assert client.conn.closed or (
+                    client.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                ), (failures, client.conn.info.transaction_status)
+                if client.conn.closed:
+                    await client.open()
     finally:
         stop.set()
         ender.join(timeout=10)
     assert failures, "no claim was cut off within the deadline"
     try:
-        assert claim(client, queue="q", slots=5, worker_id="w")
-    finally:
-        client.close()
-
-
-async def test_an_async_claim_cut_off_from_its_server_leaves_no_stuck_connection(
-    pgbouncer: Any, pgbouncer_url: str, database_url: str, conn: Conn,
-) -> None:
-    _queue(conn, 20_000)
-    stop = threading.Event()
-    ender = threading.Thread(target=_ender, args=(database_url, stop), daemon=True)
-    client = await psycopg.AsyncConnection.connect(pgbouncer_url, autocommit=True,
-                                                   prepare_threshold=None)
-    failures: list[str] = []
-    ender.start()
-    try:
-        deadline = time.monotonic() + DEADLINE
-        while len(failures) < 5 and time.monotonic() < deadline:
-            try:
-                await claim(client, queue="q", slots=5, worker_id="w")
-            except psycopg.Error as exc:
-                failures.append(type(exc).__name__)
-                assert client.closed or (
-                    client.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-                ), (failures, client.info.transaction_status)
-                if client.closed:
-                    client = await psycopg.AsyncConnection.connect(
-                        pgbouncer_url, autocommit=True, prepare_threshold=None)
-    finally:
-        stop.set()
-        ender.join(timeout=10)
-    assert failures, "no claim was cut off within the deadline"
-    try:
-        assert await claim(client, queue="q", slots=5, worker_id="w")
+        assert await client.claim()
     finally:
         await client.close()

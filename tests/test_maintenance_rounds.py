@@ -13,7 +13,15 @@ from typing import Any
 import psycopg
 
 from akadze import Akadze
-from akadze.worker._maintenance import PRUNE_EVERY, ROUND_EVERY, run_round
+from akadze.worker._maintenance import (
+    MAINTENANCE_EVERY,
+    MAINTENANCE_MOST,
+    PRUNE_EVERY,
+    ROUND_EVERY,
+    TRIES_PER_SECOND,
+    run_round,
+    try_every,
+)
 
 Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
@@ -34,32 +42,32 @@ async def test_a_round_runs_once_per_period_for_the_cluster(
     app: Akadze, conn: Conn, aconn: AConn,
 ) -> None:
     first = await _round(aconn, app)
-    assert first is not None
+    assert first.ran
     began, pruned = _marks(conn)
     assert began == pruned  # the first round prunes too: the cluster never pruned
     # Within the period every other try finds the round done, and touches nothing.
     for _ in range(5):
-        assert await _round(aconn, app) is None
+        assert not (await _round(aconn, app)).ran
     assert _marks(conn) == (began, pruned)
     # A period later (the mark moved back as time would move on), a round again,
     # this time without pruning: the last prune began less than PRUNE_EVERY ago.
     conn.execute("UPDATE akadze.maintenance SET last_round_at = last_round_at - interval '2 hours'")
     again = await _round(aconn, app)
-    assert again is not None and again.pruned == 0
+    assert again.ran and again.pruned == 0
     began_again, pruned_again = _marks(conn)
     assert began_again > began and pruned_again == pruned
 
 
 async def test_the_period_is_the_one_asked_for(app: Akadze, conn: Conn, aconn: AConn) -> None:
-    assert await _round(aconn, app, every=ROUND_EVERY) is not None
+    assert (await _round(aconn, app, every=ROUND_EVERY)).ran
     # Marked a period ago: due again.
     conn.execute("UPDATE akadze.maintenance SET last_round_at = now() - %s * interval '1 second'",
                  (ROUND_EVERY + 0.05,))
-    assert await _round(aconn, app, every=ROUND_EVERY) is not None
+    assert (await _round(aconn, app, every=ROUND_EVERY)).ran
     # Marked just under a period ago: not due.
     conn.execute("UPDATE akadze.maintenance SET last_round_at = now() - %s * interval '1 second'",
                  (ROUND_EVERY / 2,))
-    assert await _round(aconn, app, every=ROUND_EVERY) is None
+    assert not (await _round(aconn, app, every=ROUND_EVERY)).ran
 
 
 async def test_a_mark_in_the_future_does_not_hold_rounds_off(
@@ -67,7 +75,7 @@ async def test_a_mark_in_the_future_does_not_hold_rounds_off(
 ) -> None:
     # The server's clock stepped back after a round.
     conn.execute("UPDATE akadze.maintenance SET last_round_at = now() + interval '1 day'")
-    assert await _round(aconn, app) is not None
+    assert (await _round(aconn, app)).ran
     began, _ = _marks(conn)
     assert began <= datetime.now(UTC)
 
@@ -83,10 +91,10 @@ async def test_a_try_while_another_holds_the_lock_neither_waits_nor_runs(
         assert locked == (True,)
         holder.execute("UPDATE akadze.maintenance SET last_round_at = now()")
         await aconn.execute("SET lock_timeout = '2s'")  # a wait on the row would fail
-        assert await _round(aconn, app, every=0.0) is None
+        assert not (await _round(aconn, app, every=0.0)).ran
         holder.rollback()
     # Its round failed (rolled back): the period's round is still due.
-    assert await _round(aconn, app) is not None
+    assert (await _round(aconn, app)).ran
 
 
 async def test_a_round_that_fails_leaves_the_round_due(
@@ -113,4 +121,27 @@ async def test_a_round_that_fails_leaves_the_round_due(
     never = conn.execute("SELECT last_round_at = '-infinity' FROM akadze.maintenance").fetchone()
     assert never == (True,)
     rescued = await _round(aconn, app)
-    assert rescued is not None and [state for _, state in rescued.rescued] == ["queued"]
+    assert rescued.ran and [state for _, state in rescued.rescued] == ["queued"]
+
+
+async def test_a_try_counts_the_live_workers(app: Akadze, conn: Conn, aconn: AConn) -> None:
+    conn.execute(
+        "INSERT INTO akadze.workers (id, host, pid, queues) SELECT 'w' || n, 'h', n, '{q}'"
+        " FROM generate_series(1, 12) n")
+    conn.execute("UPDATE akadze.workers SET heartbeat_at = now() - interval '1 hour'"
+                 " WHERE id IN ('w1', 'w2')")  # their leases ran out
+    done = await _round(aconn, app)
+    assert done.live == 10
+    # A try that finds the round done counts them too (it spaces the next try).
+    conn.execute("DELETE FROM akadze.workers WHERE id IN ('w3', 'w4', 'w5')")
+    again = await _round(aconn, app)
+    assert not again.ran and again.live == 7
+
+
+def test_tries_spread_over_the_cluster() -> None:
+    assert try_every(1, 30.0) == MAINTENANCE_EVERY
+    assert try_every(3, 30.0) == MAINTENANCE_EVERY
+    assert try_every(15, 30.0) == 15 / TRIES_PER_SECOND
+    assert try_every(100, 30.0) == min(MAINTENANCE_MOST, 5.0)  # a sixth of the lease
+    assert try_every(100, 600.0) == MAINTENANCE_MOST
+    assert try_every(100, 1.0) == MAINTENANCE_EVERY  # a short lease: never slower

@@ -41,8 +41,12 @@ logger = logging.getLogger("akadze.worker")
 
 @dataclass
 class Round:
-    """What one maintenance round did."""
+    """What one try of a maintenance round did: ``ran`` when this process ran the
+    round; ``live``, the workers of the cluster whose lease holds (what the next
+    try's delay follows)."""
 
+    ran: bool = False
+    live: int = 1
     rescued: list[tuple[int, str]] = field(default_factory=list)  # (job id, new state)
     ended: list[int] = field(default_factory=list)  # pids of unresponsive claims ended
     scheduled: list[int] = field(default_factory=list)
@@ -64,25 +68,37 @@ async def rescue_expired(
     if not turn:
         async with conn.transaction():
             return await _rescue(conn, app, now, orphan_grace)
-    taken = await _rescue_in_turn(conn, app, now=now, orphan_grace=orphan_grace,
-                                  every=0.0, prune_every=PRUNE_EVERY)
-    return None if taken is None else taken[0]
+    taken, rescued = await _rescue_in_turn(conn, app, now=now, orphan_grace=orphan_grace,
+                                           every=0.0, prune_every=PRUNE_EVERY)
+    return rescued if taken.due else None
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """What maintenance_try_lock answered."""
+
+    due: bool  # the lock was free and the cluster's round due: this process runs it
+    prune: bool
+    live: int
 
 
 async def _rescue_in_turn(
     conn: psycopg.AsyncConnection[Any], app: Akadze | None, *, now: datetime | None,
     orphan_grace: float, every: float, prune_every: float,
-) -> tuple[list[tuple[int, str]], bool] | None:
-    """The rescue of a round, in the maintenance turn: None when another process has
-    the lock or the cluster's last round began less than ``every`` seconds ago; else
-    what was rescued, and whether this round prunes (``prune_every``)."""
+) -> tuple[_Turn, list[tuple[int, str]]]:
+    """The rescue of a round, in the maintenance turn: nothing rescued (and ``due``
+    false) when another process has the lock or the cluster's last round began less
+    than ``every`` seconds ago; else what was rescued, and whether this round prunes
+    (``prune_every``)."""
     async with conn.transaction():
         cur = await conn.execute(queries.get("maintenance_try_lock"),
-                                 {"every": every, "prune_every": prune_every})
+                                 {"every": every, "prune_every": prune_every, "now": now})
         row = await cur.fetchone()
-        if row is None or not row[1]:
-            return None
-        return await _rescue(conn, app, now, orphan_grace), bool(row[2])
+        turn = _Turn(False, False, 1) if row is None else _Turn(
+            bool(row[1]), bool(row[2]), max(1, int(row[3] or 0)))
+        if not turn.due:
+            return turn, []
+        return turn, await _rescue(conn, app, now, orphan_grace)
 
 
 async def _rescue(conn: psycopg.AsyncConnection[Any], app: Akadze | None,
@@ -132,36 +148,47 @@ async def run_round(
     idle_limit: float = 30.0,
     every: float = 0.0,
     prune_every: float | None = None,
-) -> Round | None:
+) -> Round:
     """One maintenance round if this process gets the lock and the cluster's last
-    round began ``every`` seconds ago or more (else None). ``conn`` is an autocommit
+    round began ``every`` seconds ago or more (else ``ran`` is false). ``conn`` is an autocommit
     connection outside any transaction. The lock is held by the rescue's transaction
     only: nothing outlives a transaction on the connection. The lock holder also ends
     the claims that stopped answering while holding a queue's turn for ``idle_limit``
     seconds (``end_unresponsive_claims``), enqueues due schedule fires and, when the
     cluster's last prune began ``prune_every`` seconds ago or more, prunes (None:
     never)."""
-    taken = await _rescue_in_turn(
+    turn, rescued = await _rescue_in_turn(
         conn, app, now=sql_now, orphan_grace=orphan_grace, every=every,
         prune_every=prune_every if prune_every is not None else float("inf"))
-    if taken is None:
-        return None
-    rescued, prune = taken
-    done = Round(rescued=rescued)
+    done = Round(ran=turn.due, live=turn.live, rescued=rescued)
+    if not turn.due:
+        return done
     done.ended = await end_unresponsive_claims(conn, after=idle_limit)
     done.scheduled = list(await schedules.enqueue_due(conn, app, now))
-    if prune and prune_every is not None:
+    if turn.prune and prune_every is not None:
         done.pruned = int(await retention.prune(conn, app, now))
     return done
 
 
-#: How often each worker tries a maintenance round (jittered), how often the
-#: cluster runs one (whoever tries first once this much has passed since the last
-#: one began: one round per period however many workers try), and how often a
-#: round prunes.
-MAINTENANCE_EVERY = 1.0
+#: How often the cluster runs a maintenance round (whoever tries first once this
+#: much has passed since the last one began: one round per period however many
+#: workers try), and how often a round prunes.
 ROUND_EVERY = 0.8
 PRUNE_EVERY = 60.0
+#: How often a worker tries, jittered: about TRIES_PER_SECOND tries a second for the
+#: whole cluster (each of N live workers every N / TRIES_PER_SECOND seconds), at
+#: least every MAINTENANCE_EVERY and at most every MAINTENANCE_MOST (nor a sixth of
+#: the lease), so that a worker left alone after many died still rescues promptly.
+MAINTENANCE_EVERY = 1.0
+TRIES_PER_SECOND = 3.0
+MAINTENANCE_MOST = 10.0
+
+
+def try_every(live: int, lease: float) -> float:
+    """Seconds between a worker's tries of the maintenance round, with ``live`` workers
+    in the cluster (before jitter)."""
+    stretched = min(live / TRIES_PER_SECOND, MAINTENANCE_MOST, lease / 6)
+    return max(MAINTENANCE_EVERY, stretched)
 
 
 class MaintenanceLoop:
@@ -174,6 +201,7 @@ class MaintenanceLoop:
     async def run(self) -> None:
         state, settings = self._state, self._state.settings
         await state.registered.wait()
+        every = MAINTENANCE_EVERY
         while not state.stopping:
             if not state.lease_held():
                 # Only a worker whose own lease holds takes the lock and rescues: one
@@ -190,9 +218,11 @@ class MaintenanceLoop:
                         prune_every=PRUNE_EVERY,
                     )
             except Exception as exc:
-                state.trouble.failed("maintenance", exc, MAINTENANCE_EVERY)
+                every = MAINTENANCE_EVERY
+                state.trouble.failed("maintenance", exc, every)
             else:
                 state.trouble.recovered("maintenance")
-                if done is not None and done.pruned:
+                every = try_every(done.live, settings.lease)
+                if done.pruned:
                     logger.info("pruned %d finished jobs", done.pruned)
-            await state.sleep(MAINTENANCE_EVERY * state.random.uniform(0.8, 1.2))
+            await state.sleep(every * state.random.uniform(0.8, 1.2))

@@ -343,7 +343,9 @@ WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
 -- touch no row), so nobody waits on the row's lock. The row is committed with
 -- the rescue: a failed rescue leaves the round due.
 --
--- Returns locked (the lock was free), due (go on with the round) and prune.
+-- Returns locked (the lock was free), due (go on with the round), prune, and live:
+-- the workers whose lease holds, which spaces each worker's tries (a hundred
+-- workers try about three times a second between them, not a hundred).
 WITH turn AS MATERIALIZED (
     SELECT pg_try_advisory_xact_lock(7019811528365141364) AS locked
 ), marked AS (
@@ -360,7 +362,9 @@ WITH turn AS MATERIALIZED (
 )
 SELECT (SELECT locked FROM turn) AS locked,
        EXISTS (SELECT 1 FROM marked) AS due,
-       COALESCE((SELECT prune FROM marked), false) AS prune;
+       COALESCE((SELECT prune FROM marked), false) AS prune,
+       (SELECT count(*) FROM akadze.workers w
+        WHERE w.heartbeat_at + w.lease >= COALESCE(%(now)s::timestamptz, now())) AS live;
 
 -- name: job_for_cancel
 -- Lock the job whose cancellation is requested, to decide between the queued and
