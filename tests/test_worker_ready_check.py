@@ -71,10 +71,30 @@ def easing() -> Iterator[None]:
 async def test_an_idle_poll_of_an_empty_queue_takes_no_turn(
     app: Akadze, conn: psycopg.Connection[Any], database_url: str
 ) -> None:
+    # Polls only (listen=False): alone on its queue, a worker claims straight after a
+    # notification (the turn is nobody else's), so the listener's first wake-up of
+    # every queue could claim here; beside peers it looks (the next test).
     events = Events()
     with turn_held(database_url):
-        async with Worker(noop_app(app), poll_interval=0.05, on_event=events):
+        async with Worker(noop_app(app), poll_interval=0.05, listen=False, on_event=events):
             await idles(events, 6)  # polls, each answered by the look alone
+            assert turn_waiters(conn) == 0
+        assert "claimed" not in events.kinds()
+
+
+async def test_notifications_beside_peers_take_no_turn_on_an_empty_queue(
+    app: Akadze, conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    # One other live worker of the queue (a row): notifications are looked at first.
+    conn.execute("INSERT INTO akadze.workers (id, host, pid, queues, lease) "
+                 "VALUES ('peer', 'h', 1, '{default}', interval '1 hour')")
+    events = Events()
+    with turn_held(database_url):
+        async with Worker(noop_app(app), poll_interval=60, on_event=events):
+            after = await events.next("idle")
+            for _ in range(5):  # a notification nobody's job is behind
+                conn.execute("NOTIFY akadze_jobs, 'default'")
+                after = await events.next("idle", after=after)
             assert turn_waiters(conn) == 0
         assert "claimed" not in events.kinds()
 
@@ -151,7 +171,7 @@ async def test_a_paused_queue_is_neither_claimed_nor_turned(
     job_id = insert_job(conn, "t")
     events = Events()
     with turn_held(database_url):
-        async with Worker(noop_app(app), poll_interval=0.05, on_event=events):
+        async with Worker(noop_app(app), poll_interval=0.05, listen=False, on_event=events):
             await idles(events, 6)
             assert turn_waiters(conn) == 0
             assert _state(conn, job_id) == "queued"

@@ -333,14 +333,17 @@ class ClaimLoop:
             self._eager_since = None
             notified = wakeup.notified(self.queue)
             wakeup.consume(self.queue)
-            if (idle and not self._suspect and self._should_look(notified)
-                    and not await self._looks_ready()):
-                # Nothing a claim could take or sweep: no claim, no turn.
-                IDLE_EASING.skipped += 1
-                if not wakeup.notified(self.queue):
-                    state.events.emit("idle", queue=self.queue)
-                await self._idle_wait()
-                continue
+            if idle and not self._suspect and self._should_look(notified):
+                ready = await self._looks_ready()
+                if ready is None:  # the look failed (and backed off): look again
+                    continue
+                if not ready:
+                    # Nothing a claim could take or sweep: no claim, no turn.
+                    IDLE_EASING.skipped += 1
+                    if not wakeup.notified(self.queue):
+                        state.events.emit("idle", queue=self.queue)
+                    await self._idle_wait()
+                    continue
             room = self._room()
             began = loop.time()
             IDLE_EASING.claims += 1
@@ -398,11 +401,13 @@ class ClaimLoop:
         wakeup = self._wakeup
         return not notified or wakeup.peers(self.queue) > 1 or wakeup.peers_stale(self.queue)
 
-    async def _looks_ready(self) -> bool:
+    async def _looks_ready(self) -> bool | None:
         """worker_queue_ready: whether a claim might take or sweep anything now (never
-        False when it would). On failure, True: the claim that follows meets the
-        trouble and deals with it."""
-        wakeup = self._wakeup
+        False when it would). None when the look failed: reported as trouble, after
+        a backoff (no claim meanwhile: it would meet the same trouble, and take the
+        turn while it does)."""
+        state, wakeup = self._state, self._wakeup
+        where = f"look at queue {self.queue!r}"
         peers = wakeup.peers_stale(self.queue)
         IDLE_EASING.looks += 1
         try:
@@ -411,9 +416,14 @@ class ClaimLoop:
                     "queue": self.queue, "now": self._settings.sql_now(), "peers": peers})
                 row = await cur.fetchone()
         except Exception as exc:
-            logger.debug("queue %s: could not look for ready jobs: %s", self.queue, exc,
-                         extra={"queue": self.queue})
-            return True
+            if state.stopping:
+                return None
+            delay = backoff.reconnect_delay(state.trouble.failures(where) + 1,
+                                            state.random.random())
+            state.trouble.failed(where, exc, delay)
+            await state.sleep(delay)
+            return None
+        state.trouble.recovered(where)
         if row is None:
             return True
         if row[1] is not None:
