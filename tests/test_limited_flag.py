@@ -188,15 +188,17 @@ def test_keys_at_their_limit_ahead_of_free_ones(conn: Conn, work: Any, fair: boo
 
 
 def test_the_window_function_is_inlined_into_the_window_statements(conn: Conn) -> None:
-    """akadze.ready_window_parts must be inlined (LANGUAGE sql, STABLE, a single
-    SELECT): called as a function, its body would be planned at every claim."""
+    """akadze.ready_window_parts and akadze.ready_window_judged (migration 0016) must
+    be inlined (LANGUAGE sql, STABLE, a single SELECT): called as functions, their
+    bodies would be planned at every claim."""
     params = {"queue": "q", "after_priority": 32768,
               "after_run_at": datetime(1970, 1, 1, tzinfo=UTC), "after_id": 0, "now": None,
               "skip_free": key_list(["a"]), "skip_limited": key_list(["a", "b"]),
-              "skip_null": False,
+              "skip_null": False, "remembered": key_list(["b", "c"]),
+              "remembered_free": key_list(["c"]),
               "window": 40, "split_max": 32, "need": None, "known": [], "known_null": False,
               "fair": False, "tasks": None}
-    for name in ("claim_window", "claim_window_whole"):
+    for name in ("claim_window", "claim_window_whole", "claim_window_judged"):
         with conn.transaction():
             conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             plan = "\n".join(r[0] for r in conn.execute(
@@ -282,48 +284,64 @@ def test_flags_stay_true_to_the_limits_under_concurrent_churn(
     assert taken == queued[0]
 
 
-def _skip_lists(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], list[str]]]:
-    """The (skip_free, skip_limited) of every window the claims read meanwhile."""
+def _judged_lists(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], list[str], list[str]]]:
+    """(remembered, remembered_free, the keys it left out) of every judged first
+    window (claim_window_judged) the claims read meanwhile."""
     from akadze.claim import _windows
 
-    seen: list[tuple[list[str], list[str]]] = []
-    window = _windows._window
+    seen: list[tuple[list[str], list[str], list[str]]] = []
+    opening = _windows._start_with_state
 
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        statement = window(*args, **kwargs)
-        params = statement.params
-        assert params is not None
-        seen.append((sorted(params["skip_free"].obj), sorted(params["skip_limited"].obj)))
-        return statement
+    def recorded(request: Any, known: Any, reading: Any, first_size: int) -> Any:
+        steps = opening(request, known, reading, first_size)
+        batch = next(steps)
+        window = next(st for st in batch.statements if st.params and "remembered" in st.params)
+        try:
+            reply = yield batch
+            left = next((r[12] for r in reply[2] if r[0] is None and r[12] is not None), [])
+            seen.append((sorted(window.params["remembered"].obj),
+                         sorted(window.params["remembered_free"].obj), sorted(left)))
+            steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("the judged opening is one round trip")
 
-    monkeypatch.setattr(_windows, "_window", recorded)
+    monkeypatch.setattr(_windows, "_start_with_state", recorded)
     return seen
 
 
 @pytest.mark.parametrize("stale", [False, True])
 def test_keys_at_their_limit_are_left_out_of_the_part_that_holds_their_jobs(
         conn: Conn, work: Any, monkeypatch: pytest.MonkeyPatch, stale: bool) -> None:
-    """Migration 0014 (ready_window_parts): a key at its limit whose jobs are flagged is
-    left out of the limited part only; one whose jobs the claim met unflagged (queued
-    before its limit), of the free part too, from the next claim's first window on.
-    Either way the claim is the reference claim's."""
+    """Migrations 0014 and 0016 (ready_window_parts, ready_window_judged): a key at
+    its limit whose jobs are flagged is left out of the limited part only; one whose
+    jobs the claim met unflagged (queued before its limit), of the free part too, from
+    the next claim's first window on, which judges on the server which remembered keys
+    are still without room. Either way the claim is the reference claim's."""
     blocked = [f"b{i:02d}" for i in range(20)]
     for key in blocked:
         set_limit_sync(conn, key, max_running=1)
     conn.execute("INSERT INTO akadze.jobs (queue, task, limit_key, state) "
                  "SELECT 'elsewhere', 'work', k, 'running' FROM unnest(%s::text[]) k", (blocked,))
     work.using().enqueue_many_sync(
-        [Job(limit_key=blocked[i % 20]) for i in range(200)] + [Job() for _ in range(30)])
+        [Job(limit_key=blocked[i % 20]) for i in range(200)]
+        # free keys enough that the claim reads windows, not per group
+        + [Job(limit_key=f"free{i:02d}") for i in range(30)])
     if stale:
         conn.execute("UPDATE akadze.jobs SET limited = false WHERE state = 'queued'")
-    seen = _skip_lists(monkeypatch)
+    judged = _judged_lists(monkeypatch)
     for _ in range(2):
         expected = [j.id for j in claim_oracle(conn, queue="default", slots=20)]
         _unclaim(conn, expected)
         got = [j.id for j in claim(conn, queue="default", slots=20)]
         assert got == expected
         _unclaim(conn, got)
-    # the second claim's windows leave out the keys it remembers without room
-    second_free, second_limited = seen[-1]
-    assert second_limited == sorted(blocked)
-    assert second_free == (sorted(blocked) if stale else [])
+    # the second claim's first window leaves out the keys it remembers without
+    # room, judged on the server (claim_window_judged, migration 0016): of the
+    # limited part, and of the free part those it met there
+    assert len(judged) == 1
+    remembered, remembered_free, left_out = judged[0]
+    assert remembered == sorted(blocked)
+    assert set(remembered_free) <= set(blocked)
+    assert bool(remembered_free) == stale
+    assert left_out == sorted(blocked)

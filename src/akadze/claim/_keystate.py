@@ -54,8 +54,7 @@ class KeyState:
                  if (not fair or k in busy) and k not in exclude]
         return {"known": known, "known_null": not fair or None in busy, "fair": fair}
 
-    def skip_lists(self, exclude: frozenset[str | None],
-                   limited: frozenset[str] = frozenset()) -> dict[str, object]:
+    def skip_lists(self, exclude: frozenset[str | None]) -> dict[str, object]:
         """The exclusions of a window, per part of the queue (ready_window_parts,
         migration 0014): the limited part leaves out the excluded keys with a
         limits row; the free part the others, and those limited keys the claim
@@ -65,14 +64,11 @@ class KeyState:
         does, which the planner finds ineligible (past the key's headroom) or
         hopeless (a turn no lower than the worst planned), so the lists only
         make windows cheaper. A key at its limit whose jobs are all flagged is
-        then filtered by one list, not by every part of the window.
-        ``limited``: keys to take as limited whose state is not known yet (the
-        remembered blocked keys, counted in the same round trip)."""
+        then filtered by one list, not by every part of the window."""
         room, unflagged = self.room, self.unflagged
         keys = [k for k in exclude if k is not None]
-        return {"skip_limited": key_list(k for k in keys if k in room or k in limited),
-                "skip_free": key_list(k for k in keys if (k not in room and k not in limited)
-                                      or k in unflagged)}
+        return {"skip_limited": key_list(k for k in keys if k in room),
+                "skip_free": key_list(k for k in keys if k not in room or k in unflagged)}
 
     def learn(self, key: str | None, limited: bool | None, max_running: int | None,
               running: int | None, max_starts: int | None, starts: int | None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -105,6 +105,10 @@ class _Reading:
     # What a skip scan or its guard said of the number of groups: True, many;
     # False, few enough to list; None, it did not run (Hints.many_groups).
     crowded: bool | None = None
+    # The keys of the entries windows read, returned or not (a window does not
+    # return the entries of a limited key past its headroom, but names the key
+    # with its state): how many groups the head of the queue shows.
+    met: set[str | None] = field(default_factory=set)
 
 
 def _after_params(after: Position | None) -> dict[str, object]:
@@ -121,7 +125,10 @@ def _entries(rows: list[Row], known: KeyState) -> list[tuple[planner.Row, bool]]
     make = planner.Row._make
     for r in rows:
         if r[0] is None:
-            known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
+            if r[12] is None:  # not the row of left-out keys (claim_window_judged)
+                known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
+                if r[4] and r[3] is not None:
+                    known.unflagged.add(r[3])  # met in the free part (its `ready`)
         else:
             entries.append((make(r[:4]), r[4]))
             if r[5] is False and r[3] is not None:
@@ -159,12 +166,11 @@ def _read_window(
 
 
 def _window(request: Request, known: KeyState, reading: _Reading, window: int,
-            exclude: frozenset[str | None], need: int | None,
-            limited: frozenset[str] = frozenset()) -> Statement:
+            exclude: frozenset[str | None], need: int | None) -> Statement:
     params = {
         **request.params(), **_after_params(reading.after), **known.params(exclude),
         "window": window, "need": need,
-        **known.skip_lists(exclude, limited), "skip_null": None in exclude,
+        **known.skip_lists(exclude), "skip_null": None in exclude,
         "split_max": SPLIT_MAX,
     }
     # Without an early stop the window needs none of its machinery.
@@ -174,9 +180,12 @@ def _window(request: Request, known: KeyState, reading: _Reading, window: int,
 def _apply_window(known: KeyState, reading: _Reading, rows: list[Row], window: int) -> None:
     entries = _entries(rows, known)
     # Read to the end only if the window was not cut short (planner.ReadMore.need)
-    # and still came back short of its size.
-    scanned = next((r[11] for r in rows if r[0] is not None), 0)
-    reading.complete = len(entries) == scanned < window
+    # and still came back short of its size. `cuts`: the entries of limited keys
+    # past their headroom that the window read but did not return (the cut of
+    # claim_entries_cut_with_state, claim_window_judged's; null elsewhere).
+    scanned, cuts = next(((r[11], r[13]) for r in rows if r[0] is not None), (0, 0))
+    reading.complete = len(entries) + (cuts or 0) == scanned < window
+    reading.met.update(r[3] for r in rows if r[0] is not None or r[12] is None)
     _advance(reading, entries)
 
 
@@ -304,31 +313,38 @@ def _remembered(request: Request, keys: Sequence[str]) -> Statement:
 def _start_with_state(request: Request, known: KeyState, reading: _Reading,
                       first_size: int) -> Opens:
     """The first round trip of a claim that remembers many blocked keys
-    (:class:`akadze.claim._hints.Memory`): its opening, the remembered keys' state
-    (counted without locks like a window's) and, in the same round trip, the
-    first window as the planner would ask for it if every remembered key were
-    still without room: leaving them all out (with the guarded skip scan). The
-    window stands only if they all are; otherwise its rows are dropped (the
-    state they brought is kept) and the claim reads from the head, knowing the
-    keys' state."""
+    (:class:`akadze.claim._hints.Memory`): its opening and the first window as
+    the planner would ask for it if every remembered key were still without
+    room (with the guarded skip scan), read by claim_window_judged: it leaves
+    out the remembered keys that are still without room, judged on the server
+    in the window's own snapshot, and names them. The claim then leaves out
+    exactly those (their headroom is 0) and reads the others like any key: the
+    window always stands, and no remembered key costs work here."""
     keys = request.hints.blocked
     assumed = planner.plan(planner.View(
         slots=request.slots, fair=request.fair, rows=(), headroom=dict.fromkeys(keys, 0),
         first=first_size))
     assert isinstance(assumed, planner.ReadMore)
-    # The remembered keys were limited when the last claim left them: left out
-    # of the limited part (ready_window_parts), where their jobs are.
-    window = _window(request, known, reading, assumed.window, assumed.exclude, assumed.need,
-                     limited=frozenset(keys))
-    settings, swept, counted, rows, *groups = yield Batch((
-        *_opening(request), _remembered(request, keys), window, *_guarded_groups(request)))
+    params = {
+        **request.params(), **_after_params(None), **known.params(frozenset()),
+        "window": assumed.window, "need": assumed.need,
+        "skip_free": key_list(()), "skip_limited": key_list(()), "skip_null": False,
+        "remembered": key_list(keys),
+        # Left out of the free part too, if still full: those the last claim met
+        # there (queued before their key had its limit).
+        "remembered_free": key_list(k for k in keys if k in known.unflagged),
+        "split_max": SPLIT_MAX,
+    }
+    settings, swept, rows, *groups = yield Batch((
+        *_opening(request), prepared("claim_window_judged", params),
+        *_guarded_groups(request)))
     cancelled = _opened(known, settings, swept)
-    learn_counts(known, keys, (), counted)
-    if _still_blocked(known, keys):
-        reading.window, reading.excluded = assumed.window, assumed.exclude
-        _apply_window(known, reading, rows, assumed.window)
-    else:
-        _entries(rows, known)
+    left_out = next((r[12] for r in rows if r[0] is None and r[12] is not None), ())
+    for key in left_out:
+        known.room.setdefault(key, 0)
+    reading.window = assumed.window
+    reading.excluded = frozenset(left_out)
+    _apply_window(known, reading, rows, assumed.window)
     # The skip scan's answer does not depend on the window's.
     for row in groups:
         _learn_groups(known, reading, row[0])
@@ -480,7 +496,7 @@ def windowed_steps(request: Request) -> Steps:
                 continue
             if (reading.universe is None and not reading.scanned_groups and reading.window
                     and not hints.many_groups
-                    and len({r.key for r in reading.rows}) <= GROUP_SCAN_TRY):
+                    and len(reading.met) <= GROUP_SCAN_TRY):
                 yield from _scan_groups(request, known, reading)
                 if reading.universe is not None:
                     continue  # plan again: fair groups may need their busy counts

@@ -187,66 +187,7 @@ SELECT * FROM taken
 WITH candidates AS (
 -- include: claim_window_candidates
 )
--- The early stop (`need` not null, planner.ReadMore): the entries up to and
--- with the need-th one that is sure to help. Default order: an entry of a key
--- without a limits row (or without a key), which is eligible (if ready). Fair
--- order: the first entry of a group that the claim has not met (not in `known`)
--- with no limits row and nothing running in the queue: its turn is 1. With
--- that many the claim can settle, and the window's tail would be read, sent,
--- and have its keys' state looked up for nothing (a window that follows many
--- excluded keys is large). CASE evaluates the probes only where needed. What is
--- returned stays a prefix of the queue; `scanned` (on every entry) lets the
--- caller tell a cut window from the end of the queue.
---
--- Each correlated EXISTS ends in OFFSET 0, which keeps it a probe per entry
--- (an index probe of limits_pkey or jobs_running_key_idx). Without it the
--- planner may hash the subquery instead, reading every limits row or every
--- running job of the key index once per statement, and it chooses between the
--- two by its estimate of the rows: on statistics taken while the queue was
--- empty it hashed (1 000 running jobs read for a window of 40).
-, firsts AS (
-    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited,
-           row_number() OVER (PARTITION BY c.limit_key
-                              ORDER BY c.priority DESC, c.run_at, c.id) = 1 AS first
-    FROM candidates c
-)
-, free AS (
-    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited,
-           CASE WHEN %(need)s::int IS NULL THEN false
-                WHEN NOT %(fair)s THEN
-                    c.limit_key IS NULL
-                    OR NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key
-                                   OFFSET 0)
-                WHEN NOT c.first THEN false
-                WHEN c.limit_key IS NULL THEN
-                    NOT %(known_null)s
-                    AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
-                                    WHERE r.state = 'running' AND r.limit_key IS NULL
-                                      AND r.queue = %(queue)s)
-                ELSE
-                    c.limit_key NOT IN (SELECT unnest(%(known)b::text[]))
-                    AND NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key
-                                    OFFSET 0)
-                    AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
-                                    WHERE r.state = 'running' AND r.limit_key = c.limit_key
-                                      AND r.queue = %(queue)s
-                                    OFFSET 0)
-           END AS free
-    FROM firsts c
-)
-, counted AS (
-    SELECT f.id, f.priority, f.run_at, f.limit_key, f.limited,
-           count(*) OVER () AS scanned,
-           count(*) FILTER (WHERE f.free) OVER (
-               ORDER BY f.priority DESC, f.run_at, f.id
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS free_before
-    FROM free f
-)
-, kept AS (
-    SELECT k.id, k.priority, k.run_at, k.limit_key, k.limited, k.scanned
-    FROM counted k
-    WHERE %(need)s::int IS NULL OR k.free_before < %(need)s::int
-)
+-- include: claim_window_early_stop
 -- include: claim_entries_with_state
 
 -- name: claim_window_whole
@@ -263,6 +204,38 @@ WITH candidates AS (
     FROM candidates c
 )
 -- include: claim_entries_with_state
+
+-- name: claim_window_judged
+-- claim_window for the first window of a claim that remembers many blocked keys
+-- (akadze.claim._hints): the remembered keys (`remembered`, a jsonb array) are
+-- left out of the limited part of the queue, and those of `remembered_free` of
+-- the free part too, if they are still without room, judged in this
+-- statement's snapshot (akadze.ready_window_judged, migration 0016, inlined
+-- here like ready_window_parts). The keys it left out come back in one row
+-- (left_out), in the same snapshot as the entries and the state of the keys
+-- met: the claim leaves out exactly those, and reads the others (a remembered
+-- key that has room again, or no limits row any more) like any key. Judged in
+-- a statement of its own (claim_remembered) before the window, a key could
+-- lose its room in between, and the window would skip rows the claim believes
+-- it read; and a window that assumed them all still full had to be read again
+-- from the head whenever one of them had room, at nearly every claim of a
+-- queue whose keys all run at their limit.
+--
+-- MATERIALIZED: the function's rows are the entries and, after them, the
+-- left-out keys (id NULL), split here; the entries are at most `window`.
+WITH window_rows AS MATERIALIZED (
+-- include: claim_window_judged_candidates
+)
+, candidates AS (
+    SELECT w.id, w.priority, w.run_at, w.limit_key, w.limited FROM window_rows w
+    WHERE w.id IS NOT NULL
+)
+, left_out AS (
+    SELECT COALESCE(array_agg(w.limit_key), '{}') AS keys FROM window_rows w
+    WHERE w.id IS NULL
+)
+-- include: claim_window_early_stop
+-- include: claim_entries_cut_with_state
 
 -- name: claim_groups
 -- A bounded skip scan of jobs_ready_key_idx (queue, limit_key, ...): the
@@ -622,9 +595,10 @@ SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
        set_config('enable_bitmapscan', %(enable_bitmapscan)s, true)
 
 -- fragment: claim_entries_with_state
--- The end of claim_window and claim_group_rows, after their CTE `kept` (the
--- entries read: id, priority, run_at, limit_key, scanned): each entry with its
--- `ready` flag, then one row per key met with its state.
+-- The end of claim_window, claim_window_whole and claim_group_rows, after
+-- their CTE `kept` (the entries read: id, priority, run_at, limit_key, limited,
+-- scanned): each entry with its `ready` flag, then one row per key met with its
+-- state. The columns of claim_entries_cut_with_state (left_out and cuts null).
 --
 -- The state of the keys met in these entries whose state the caller does not
 -- know yet (known: text[], known_null: the null group), read WITHOUT locks: the
@@ -644,7 +618,7 @@ SELECT c.id, c.priority, c.run_at, c.limit_key,
         WHERE j.id = c.id) AS ready,
        c.limited, NULL::integer AS max_running, NULL::bigint AS running,
        NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
-       c.scanned
+       c.scanned, NULL::text[] AS left_out, NULL::bigint AS cuts
 FROM kept c
 -- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
 WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
@@ -653,7 +627,7 @@ UNION ALL
 -- limits row or (fair) running jobs in the queue: a key met without a row here
 -- is unlimited and idle, which spares a row per key of a queue of free keys.
 SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
-       st.max_starts, st.starts, st.busy, NULL
+       st.max_starts, st.starts, st.busy, NULL, NULL, NULL
 FROM (
     SELECT m.limit_key,
            l.key IS NOT NULL AS limited, l.max_running,
@@ -691,6 +665,119 @@ FROM (
 WHERE st.limited OR st.busy > 0
 ORDER BY 2 DESC NULLS LAST, 3, 1
 
+-- fragment: claim_entries_cut_with_state
+-- The end of claim_window_judged, after its CTEs `kept` (the entries read: id,
+-- priority, run_at, limit_key, limited, scanned) and `left_out` (one row:
+-- `keys`, the remembered keys it left out as still without room):
+-- claim_entries_with_state, with the cut below, and then the left-out keys in
+-- one row (id NULL, left_out not null: a claim remembering a thousand blocked
+-- keys receives and parses one row, not a thousand). Only there: the cut costs
+-- two sorts of the entries, which a window of many unlimited groups pays for
+-- nothing ("200 of 400 groups busy" was 1.6x slower with it in every window).
+--
+-- The state of the keys met in these entries whose state the caller does not
+-- know yet (known: text[], known_null: the null group), read WITHOUT locks: the
+-- limits row, running(k) and starts(k), and in fair mode busy(g). In this
+-- statement's snapshot the counts are exact for a single claim; a key is locked
+-- (and counted again) only if the claim goes on to take from it (claim_lock).
+, met AS (
+    -- unflagged: an entry of the key came from the free part (jobs.limited
+    -- false; the caller remembers such keys, Hints.unflagged, even when the cut
+    -- below returns none of their entries)
+    SELECT c.limit_key, COALESCE(bool_or(c.limited IS FALSE), false) AS unflagged
+    FROM kept c
+    WHERE (c.limit_key IS NULL AND NOT %(known_null)s)
+       OR c.limit_key NOT IN (SELECT unnest(%(known)b::text[]))
+    GROUP BY c.limit_key
+)
+-- MATERIALIZED: read twice (the rows of state, and the cut below); inlined,
+-- each count would run once per reference.
+, st AS MATERIALIZED (
+    SELECT m.limit_key, m.unflagged,
+           l.key IS NOT NULL AS limited, l.max_running,
+           CASE WHEN l.key IS NOT NULL THEN
+               (SELECT count(*) FROM akadze.jobs r
+                WHERE r.state = 'running' AND r.limit_key = l.key) END AS running,
+           l.max_starts,
+           CASE WHEN l.max_starts IS NOT NULL THEN
+               (SELECT count(*) FROM akadze.start_marks s
+                WHERE s.key = l.key
+                  AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
+           END AS starts,
+           CASE WHEN NOT %(fair)s THEN NULL
+                WHEN m.limit_key IS NULL THEN
+                    (SELECT count(*) FROM akadze.jobs r
+                     WHERE r.state = 'running' AND r.limit_key IS NULL
+                       AND r.queue = %(queue)s)
+                ELSE (SELECT count(*) FROM akadze.jobs r
+                      WHERE r.state = 'running' AND r.limit_key = m.limit_key
+                        AND r.queue = %(queue)s) END AS busy
+    FROM met m
+    -- A probe of limits_pkey per key met (LATERAL, OFFSET 0): joined plainly,
+    -- the plan hashed the whole limits table at every window, a thousand
+    -- rows read to look up forty keys.
+    LEFT JOIN LATERAL (
+        SELECT x.key, x.max_running, x.max_starts, x."window" FROM akadze.limits x
+        WHERE x.key = m.limit_key
+        OFFSET 0) l ON true
+    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+)
+-- The cut: the window does not return the ready entries of a limited
+-- key past the key's headroom, by the state above (in this snapshot, the one
+-- the caller learns): they cannot be eligible (planner.prune drops them), and
+-- on a queue whose limited keys have a slot or two free each, they were most of
+-- a window (280 of 320 entries sent, decoded and planned over for nothing). The
+-- last entry is always returned: the caller's next window starts after it. A
+-- key whose state the caller knew is not cut (its headroom may be another
+-- snapshot's). `cut`: how many entries were left out so (on every entry), so
+-- that the caller still tells the end of the queue by `scanned`.
+, rated AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited, c.scanned,
+           (SELECT NOT j.cancel_requested
+                   AND (j.expires_at IS NULL
+                        OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
+                   AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))
+            FROM akadze.jobs j
+            WHERE j.id = c.id) AS ready
+    FROM kept c
+    -- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
+    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+)
+, judged_entries AS (
+    SELECT r.*,
+           COALESCE(r.ready AND s.limited
+                    AND row_number() OVER (PARTITION BY r.limit_key, r.ready
+                                           ORDER BY r.priority DESC, r.run_at, r.id)
+                        > GREATEST(0, LEAST(s.max_running - s.running,
+                                            s.max_starts - s.starts))
+                    AND row_number() OVER (ORDER BY r.priority, r.run_at DESC, r.id DESC) > 1,
+                    false) AS cut
+    FROM rated r
+    LEFT JOIN st s ON s.limit_key = r.limit_key
+)
+, entries AS (
+    SELECT e.*, count(*) FILTER (WHERE e.cut) OVER () AS cuts FROM judged_entries e
+)
+SELECT e.id, e.priority, e.run_at, e.limit_key, e.ready,
+       e.limited, NULL::integer AS max_running, NULL::bigint AS running,
+       NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
+       e.scanned, NULL::text[] AS left_out, e.cuts
+FROM entries e
+WHERE NOT e.cut
+UNION ALL
+-- One row per key met (id NULL), after the entries, for the keys that have a
+-- limits row or (fair) running jobs in the queue: a key met without a row here
+-- is unlimited and idle, which spares a row per key of a queue of free keys.
+-- Its `ready` column says whether it was met in the free part (unflagged).
+SELECT NULL, NULL, NULL, st.limit_key, st.unflagged, st.limited, st.max_running,
+       st.running, st.max_starts, st.starts, st.busy, NULL, NULL, NULL
+FROM st
+WHERE st.limited OR st.busy > 0
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, lo.keys, NULL
+FROM left_out lo
+ORDER BY 2 DESC NULLS LAST, 3, 1
+
 -- fragment: claim_limit_counts
 -- The limits rows of the keys `keys` with what counts against them: running
 -- jobs of the key in every queue, and start marks inside its window (0 without
@@ -725,3 +812,79 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
         %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
         %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, now()), %(skip_free)b::jsonb,
         %(skip_limited)b::jsonb, %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
+
+-- fragment: claim_window_early_stop
+-- The early stop of claim_window and claim_window_judged, after their CTE
+-- `candidates`: the CTE `kept` of claim_entries_with_state.
+-- The early stop (`need` not null, planner.ReadMore): the entries up to and
+-- with the need-th one that is sure to help. Default order: an entry of a key
+-- without a limits row (or without a key), which is eligible (if ready). Fair
+-- order: the first entry of a group that the claim has not met (not in `known`)
+-- with no limits row and nothing running in the queue: its turn is 1. With
+-- that many the claim can settle, and the window's tail would be read, sent,
+-- and have its keys' state looked up for nothing (a window that follows many
+-- excluded keys is large). CASE evaluates the probes only where needed. What is
+-- returned stays a prefix of the queue; `scanned` (on every entry) lets the
+-- caller tell a cut window from the end of the queue.
+--
+-- Each correlated EXISTS ends in OFFSET 0, which keeps it a probe per entry
+-- (an index probe of limits_pkey or jobs_running_key_idx). Without it the
+-- planner may hash the subquery instead, reading every limits row or every
+-- running job of the key index once per statement, and it chooses between the
+-- two by its estimate of the rows: on statistics taken while the queue was
+-- empty it hashed (1 000 running jobs read for a window of 40).
+, firsts AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited,
+           row_number() OVER (PARTITION BY c.limit_key
+                              ORDER BY c.priority DESC, c.run_at, c.id) = 1 AS first
+    FROM candidates c
+)
+, free AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited,
+           CASE WHEN %(need)s::int IS NULL THEN false
+                -- A flagged job's key has a limits row (migration 0005): no
+                -- probe needed to know it is not free.
+                WHEN c.limited THEN false
+                WHEN NOT %(fair)s THEN
+                    c.limit_key IS NULL
+                    OR NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key
+                                   OFFSET 0)
+                WHEN NOT c.first THEN false
+                WHEN c.limit_key IS NULL THEN
+                    NOT %(known_null)s
+                    AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
+                                    WHERE r.state = 'running' AND r.limit_key IS NULL
+                                      AND r.queue = %(queue)s)
+                ELSE
+                    c.limit_key NOT IN (SELECT unnest(%(known)b::text[]))
+                    AND NOT EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = c.limit_key
+                                    OFFSET 0)
+                    AND NOT EXISTS (SELECT 1 FROM akadze.jobs r
+                                    WHERE r.state = 'running' AND r.limit_key = c.limit_key
+                                      AND r.queue = %(queue)s
+                                    OFFSET 0)
+           END AS free
+    FROM firsts c
+)
+, counted AS (
+    SELECT f.id, f.priority, f.run_at, f.limit_key, f.limited,
+           count(*) OVER () AS scanned,
+           count(*) FILTER (WHERE f.free) OVER (
+               ORDER BY f.priority DESC, f.run_at, f.id
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS free_before
+    FROM free f
+)
+, kept AS (
+    SELECT k.id, k.priority, k.run_at, k.limit_key, k.limited, k.scanned
+    FROM counted k
+    WHERE %(need)s::int IS NULL OR k.free_before < %(need)s::int
+)
+
+-- fragment: claim_window_judged_candidates
+-- claim_window_candidates with the remembered keys judged on the server
+-- (claim_window_judged).
+    SELECT * FROM akadze.ready_window_judged(
+        %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
+        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, now()), %(skip_free)b::jsonb,
+        %(skip_limited)b::jsonb, %(remembered)b::jsonb, %(remembered_free)b::jsonb,
+        %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
