@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..bench import claims, cluster, enqueue, faults, limits_busy, soak, throughput
+from ..bench import claims, cluster, enqueue, faults, idle, limits_busy, soak, throughput
 from ..bench.dashboard import command as dashboard_command
 
 
@@ -20,4 +20,5 @@ command.add_command(throughput.command)
 command.add_command(faults.command)
 command.add_command(soak.command)
 command.add_command(limits_busy.command)
+command.add_command(idle.command)
 command.add_command(dashboard_command)

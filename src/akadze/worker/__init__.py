@@ -3,7 +3,9 @@
 - :class:`Worker` claims and runs jobs (``akadze worker module:app`` runs one);
   ``Worker(..., on_event=callback)`` reports :class:`WorkerEvent` signals;
 - :func:`current` returns the :class:`RunContext` of the job the calling task runs;
-- :func:`is_transient` tells database trouble that retrying cures from the rest.
+- :func:`is_transient` tells database trouble that retrying cures from the rest;
+- :data:`IDLE_EASING` (a harness switch and counters, for benchmarks): whether idle
+  claim loops look before they claim and spread their wake-ups, and what they did.
 
 Everything else in this package is private: ``_worker`` composes the collaborators
 (``_claims``, ``_runner``, ``_flusher``, ``_leases``, ``_ownership``,
@@ -16,12 +18,15 @@ from __future__ import annotations
 from ._events import EVENT_KINDS, EventKind, WorkerEvent
 from ._runs import CompleteTx, RunContext, current
 from ._trouble import is_transient
+from ._wakeup import IDLE_EASING, IdleEasing
 from ._worker import Worker
 
 __all__ = [
     "EVENT_KINDS",
+    "IDLE_EASING",
     "CompleteTx",
     "EventKind",
+    "IdleEasing",
     "RunContext",
     "Worker",
     "WorkerEvent",

@@ -33,7 +33,14 @@ A full claim is followed by another as soon as there is room; a short one means
 the queue is drained for now, and the loop waits for its
 :class:`~._wakeup.Wakeup` (a notification, the polling timer or a known due
 time: a retry, a snooze, or the moment a start-rate window of a key the claim
-left without room opens again). Claiming pauses while the worker is fenced and
+left without room opens again). Idle, it looks before it claims: one lock-free
+read (``worker_queue_ready``) says whether a claim might take or sweep anything,
+and when it says no the loop waits again without claiming, so an idle poll or a
+notification another worker served does not take the queue's claim turn. It
+looks on every poll and due time, and on a notification when other live workers
+serve the queue (whose wake-ups :class:`~._wakeup.Wakeup` spreads); never while
+draining a backlog (after a full claim), nor after a failed claim (which
+reconciles first). Claiming pauses while the worker is fenced and
 while too many outcomes wait to be written (``backlogged``).
 
 A claim that failed may have committed unseen (the reply was lost): before the
@@ -56,7 +63,7 @@ from ..claim import claim, memory
 from ..jobs import ClaimedJob, job_rows
 from ._connections import Connections
 from ._state import Run, WorkerState, wait_for
-from ._wakeup import Wakeup
+from ._wakeup import IDLE_EASING, Wakeup
 
 logger = logging.getLogger("akadze.worker")
 
@@ -310,19 +317,36 @@ class ClaimLoop:
             self.give_back_buffered()
 
     async def _loop(self) -> None:
-        state, slots, wakeup = self._state, self._slots, self._wakeup
+        state, wakeup = self._state, self._wakeup
         loop = asyncio.get_running_loop()
         where = f"claim on queue {self.queue!r}"
+        # Whether the loop is idle: its last claim came back short (or it has not
+        # claimed yet), so it looks (worker_queue_ready) before it claims again. A
+        # full claim clears it: a backlog is drained claim after claim, unchecked.
+        idle = True
         while not state.stopping:
             wait = self._wait()
             if wait is not None:
-                slots.freed.clear()
-                await wait_for(slots.freed, wait)
+                self._slots.freed.clear()
+                await wait_for(self._slots.freed, wait)
                 continue
             self._eager_since = None
+            notified = wakeup.notified(self.queue)
             wakeup.consume(self.queue)
+            if idle and not self._suspect and self._should_look(notified):
+                ready = await self._looks_ready()
+                if ready is None:  # the look failed (and backed off): look again
+                    continue
+                if not ready:
+                    # Nothing a claim could take or sweep: no claim, no turn.
+                    IDLE_EASING.skipped += 1
+                    if not wakeup.notified(self.queue):
+                        state.events.emit("idle", queue=self.queue)
+                    await self._idle_wait()
+                    continue
             room = self._room()
             began = loop.time()
+            IDLE_EASING.claims += 1
             try:
                 if self._suspect:
                     await self._reconcile()
@@ -344,7 +368,8 @@ class ClaimLoop:
                     self._hand_back(job)
                 return
             self._take(jobs)
-            if len(jobs) >= room:
+            idle = len(jobs) < room
+            if not idle:
                 # The queue may hold more: claim again as soon as there is room; one
                 # pass of the loop lets every run that is finishing now finish first.
                 await asyncio.sleep(0)
@@ -356,9 +381,54 @@ class ClaimLoop:
                 await self._when_window_opens(blocked)
             if not wakeup.notified(self.queue):
                 state.events.emit("idle", queue=self.queue)
-            await wakeup.wait(self.queue, self._stopping)
-            if not state.stopping and wakeup.notified(self.queue):
-                await wakeup.debounce(self._last_claim)
+            await self._idle_wait()
+
+    async def _idle_wait(self) -> None:
+        """Wait for a reason to look again; after a notification, let a burst land
+        and take this worker's share of the spread over the queue's peers."""
+        wakeup = self._wakeup
+        await wakeup.wait(self.queue, self._stopping)
+        if not self._state.stopping and wakeup.notified(self.queue):
+            await wakeup.debounce(self.queue, self._last_claim)
+
+    def _should_look(self, notified: bool) -> bool:
+        """Whether an idle loop asks worker_queue_ready before it claims. Always on a
+        poll or a due time; on a notification only beside peers (alone, the turn is
+        nobody else's and the look would only add a round trip before the job
+        starts), or when the count of peers is due for a refresh."""
+        if not IDLE_EASING.look_first:
+            return False
+        wakeup = self._wakeup
+        return not notified or wakeup.peers(self.queue) > 1 or wakeup.peers_stale(self.queue)
+
+    async def _looks_ready(self) -> bool | None:
+        """worker_queue_ready: whether a claim might take or sweep anything now (never
+        False when it would). None when the look failed: reported as trouble, after
+        a backoff (no claim meanwhile: it would meet the same trouble, and take the
+        turn while it does)."""
+        state, wakeup = self._state, self._wakeup
+        where = f"look at queue {self.queue!r}"
+        peers = wakeup.peers_stale(self.queue)
+        IDLE_EASING.looks += 1
+        try:
+            async with self._connections.claim_connection() as conn:
+                cur = await conn.execute(queries.get("worker_queue_ready"), {
+                    "queue": self.queue, "now": self._settings.sql_now(), "peers": peers})
+                row = await cur.fetchone()
+        except Exception as exc:
+            if state.stopping:
+                return None
+            delay = backoff.reconnect_delay(state.trouble.failures(where) + 1,
+                                            state.random.random())
+            state.trouble.failed(where, exc, delay)
+            await state.sleep(delay)
+            return None
+        state.trouble.recovered(where)
+        if row is None:
+            return True
+        if row[1] is not None:
+            wakeup.set_peers(self.queue, int(row[1]))
+        return bool(row[0])
 
     async def _when_window_opens(self, keys: tuple[str, ...]) -> None:
         loop = asyncio.get_running_loop()

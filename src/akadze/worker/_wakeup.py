@@ -17,6 +17,17 @@ polling timer (``poll_interval``, jittered; it keeps working without LISTEN,
 which cannot work behind PgBouncer in transaction pooling mode and which
 ``listen=False`` turns off), and the known due times of jobs this worker retried
 or snoozed.
+
+A notification reaches every worker of the queue at once. Alone on its queue, a
+worker claims after :data:`DEBOUNCE`, as it always did. Beside ``peers - 1`` other
+live workers of the queue (as the database's ``akadze.workers`` says: the claim
+loop's ready check brings the count, every :data:`PEERS_EVERY` seconds), each waits
+a random delay first (:func:`wake_delay`: uniform over a window of
+:data:`SPREAD_PER_PEER` per peer, at most :data:`SPREAD_MAX` and a quarter of
+``poll_interval``), so the first of them claims while the later ones' ready check
+(``worker_queue_ready``) already finds the job gone and takes no turn. The first of
+``n`` uniform draws comes after about window / n, so a job still waits about
+:data:`SPREAD_PER_PEER` for the earliest of them, however many there are.
 """
 
 from __future__ import annotations
@@ -41,6 +52,50 @@ CANCEL_CHANNEL = "akadze_cancel"
 PROBE_EVERY = 30.0
 #: Cap on a claim loop's wait after a notification, to batch a burst of enqueues.
 DEBOUNCE = 0.002
+#: The spread of the wake-ups of the workers of one queue, per live peer ...
+SPREAD_PER_PEER = 0.002
+#: ... at most this long (and at most a quarter of poll_interval).
+SPREAD_MAX = 0.25
+#: Seconds after which a claim loop asks again how many live workers serve its queue.
+PEERS_EVERY = 10.0
+
+
+@dataclass(slots=True)
+class IdleEasing:
+    """What keeps idle workers off their queue's claim turn; both on by default.
+    A harness switch (``akadze bench idle`` turns both off in its idle workers to
+    compare): applications have no reason to touch it.
+
+    ``look_first``: an idle claim loop asks ``worker_queue_ready`` (no lock, no
+    turn) before it claims; ``spread``: wake-ups after a notification are spread
+    over the queue's peers (:func:`wake_delay`). The counters say what the claim
+    loops of this process did: ``claims`` made (each took its queue's turn),
+    ``looks`` made, and how many of those looks found nothing (``skipped``: a claim
+    not made)."""
+
+    look_first: bool = True
+    spread: bool = True
+    claims: int = 0
+    looks: int = 0
+    skipped: int = 0
+
+
+#: The switches every worker of this process reads.
+IDLE_EASING = IdleEasing()
+
+
+def wake_delay(peers: int, draw: float, poll_interval: float) -> float:
+    """Seconds a worker waits after a notification before it looks, beside ``peers``
+    live workers of the queue (itself included), for a ``draw`` in [0, 1).
+
+    None alone (``peers`` <= 1); else ``draw`` times a window that grows by
+    SPREAD_PER_PEER per peer beyond the first, capped at SPREAD_MAX and at a quarter
+    of ``poll_interval`` (a notification must never wait as long as a poll would).
+    Pure: the worker passes ``random.random()``."""
+    if peers <= 1:
+        return 0.0
+    window = min(SPREAD_PER_PEER * (peers - 1), SPREAD_MAX, poll_interval / 4)
+    return max(0.0, min(draw, 1.0)) * window
 
 logger = logging.getLogger("akadze.worker")
 
@@ -130,6 +185,9 @@ class Wakeup:
         self._signals = {name: _Signals() for name in queues}
         self._poll_interval = poll_interval
         self._random = rand
+        #: Live workers of each queue (this one included) and the loop time it was
+        #: learnt; unknown until the first ready check brings it.
+        self._peers: dict[str, tuple[int, float]] = {}
 
     def notify(self, queue: str) -> None:
         """Jobs of ``queue`` became ready (a notification); unknown queues are ignored."""
@@ -186,8 +244,27 @@ class Wakeup:
             timeout = min(timeout, signals.due[0] - now + 0.001)
         return max(timeout, 0.0)
 
-    async def debounce(self, last_claim: float) -> None:
-        """After a notification: let a burst of enqueues land, then claim them together."""
+    def set_peers(self, queue: str, peers: int) -> None:
+        """``peers`` live workers serve ``queue`` (this one included), as of now."""
+        self._peers[queue] = (max(1, peers), asyncio.get_running_loop().time())
+
+    def peers(self, queue: str) -> int:
+        """How many live workers serve ``queue``, as last learnt (1 until known)."""
+        known = self._peers.get(queue)
+        return 1 if known is None else known[0]
+
+    def peers_stale(self, queue: str) -> bool:
+        """Whether the count of ``queue``'s peers is unknown or PEERS_EVERY old."""
+        known = self._peers.get(queue)
+        return known is None or asyncio.get_running_loop().time() - known[1] >= PEERS_EVERY
+
+    async def debounce(self, queue: str, last_claim: float) -> None:
+        """After a notification: let a burst of enqueues land (DEBOUNCE since the last
+        claim) and, beside peers, wait this worker's share of the spread
+        (:func:`wake_delay`), whichever is longer."""
         gap = DEBOUNCE - (asyncio.get_running_loop().time() - last_claim)
+        if IDLE_EASING.spread:
+            gap = max(gap, wake_delay(self.peers(queue), self._random.random(),
+                                      self._poll_interval))
         if gap > 0:
             await asyncio.sleep(gap)
