@@ -109,6 +109,24 @@ async def test_without_the_look_the_same_poll_waits_for_the_turn(
             await eventually(lambda: turn_waiters(conn) == 1, what="a claim waiting")
 
 
+async def test_a_start_rate_window_opening_is_claimed_without_a_look(
+    app: Akadze, conn: psycopg.Connection[Any]
+) -> None:
+    # The claim that the key's max_starts held back knows when the window opens and
+    # wakes then (a known due time): work it knows of, claimed straight away, not
+    # looked at first (a round trip later at every window). No polls (poll_interval
+    # 60 s) and no notifications (listen=False): due times are the only wake-ups.
+    set_limit_sync(conn, "rate", max_starts=4, window=0.25)
+    ids = [insert_job(conn, "t", limit_key="rate", limited=True) for _ in range(12)]
+    events = Events()
+    async with Worker(noop_app(app), poll_interval=60, listen=False, on_event=events):
+        await idles(events, 1)  # the first look and claim are behind it
+        looks = IDLE_EASING.looks
+        for job_id in ids:
+            await wait_state(conn, job_id, "succeeded")
+        assert IDLE_EASING.looks == looks  # two windows opened, neither was looked at
+
+
 async def test_the_look_never_skips_a_ready_job(
     app: Akadze, conn: psycopg.Connection[Any]
 ) -> None:

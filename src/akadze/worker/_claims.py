@@ -37,7 +37,7 @@ left without room opens again). Idle, it looks before it claims: one lock-free
 read (``worker_queue_ready``) says whether a claim might take or sweep anything,
 and when it says no the loop waits again without claiming, so an idle poll or a
 notification another worker served does not take the queue's claim turn. It
-looks on every poll and due time, and on a notification when other live workers
+looks on every poll (not at a known due time), and on a notification when other live workers
 serve the queue (whose wake-ups :class:`~._wakeup.Wakeup` spreads); never while
 draining a backlog (after a full claim), nor after a failed claim (which
 reconciles first). Claiming pauses while the worker is fenced and
@@ -393,12 +393,17 @@ class ClaimLoop:
 
     def _should_look(self, notified: bool) -> bool:
         """Whether an idle loop asks worker_queue_ready before it claims. Always on a
-        poll or a due time; on a notification only beside peers (alone, the turn is
-        nobody else's and the look would only add a round trip before the job
-        starts), or when the count of peers is due for a refresh."""
+        poll; never at a known due time (a retry or snooze of this worker's, or a
+        start-rate window of a key its claim left without room: work it knows of,
+        which a look would only delay by a round trip); on a notification only
+        beside peers (alone, the turn is nobody else's and the look would only add a
+        round trip before the job starts), or when the count of peers is due for a
+        refresh."""
         if not IDLE_EASING.look_first:
             return False
         wakeup = self._wakeup
+        if not notified and wakeup.woke_at_due_time(self.queue):
+            return False
         return not notified or wakeup.peers(self.queue) > 1 or wakeup.peers_stale(self.queue)
 
     async def _looks_ready(self) -> bool | None:

@@ -175,6 +175,7 @@ class _Signals:
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # notified: look now
     retimer: asyncio.Event = field(default_factory=asyncio.Event)  # an earlier due time
     due: list[float] = field(default_factory=list)  # heap of loop times of known run_at
+    by_due: bool = False  # the last wait ended at a known due time
 
 
 class Wakeup:
@@ -221,9 +222,10 @@ class Wakeup:
         time (which may move earlier while waiting)."""
         signals = self._signals[queue]
         loop = asyncio.get_running_loop()
+        signals.by_due = False
         while not signals.wake.is_set() and not stopping():
             signals.retimer.clear()
-            timeout = self._poll_timeout(signals)
+            timeout, due = self._poll_timeout(signals)
             began = loop.time()
             waits = [asyncio.ensure_future(signals.wake.wait()),
                      asyncio.ensure_future(signals.retimer.wait())]
@@ -232,17 +234,27 @@ class Wakeup:
             finally:
                 for waiting in waits:
                     waiting.cancel()
-            if not signals.retimer.is_set() or loop.time() - began >= timeout:
+            timed_out = loop.time() - began >= timeout
+            if not signals.retimer.is_set() or timed_out:
+                signals.by_due = due and timed_out and not signals.wake.is_set()
                 return
 
-    def _poll_timeout(self, signals: _Signals) -> float:
+    def woke_at_due_time(self, queue: str) -> bool:
+        """Whether the last wait of ``queue`` ended at a known due time (a retry or a
+        snooze of this worker's, or a start-rate window opening): work this worker
+        knows of, not a poll's guess."""
+        return self._signals[queue].by_due
+
+    def _poll_timeout(self, signals: _Signals) -> tuple[float, bool]:
+        """How long to wait, and whether that ends at a known due time."""
         now = asyncio.get_running_loop().time()
         timeout = self._poll_interval * self._random.uniform(0.8, 1.2)
         while signals.due and signals.due[0] <= now:
             heapq.heappop(signals.due)
-        if signals.due:
-            timeout = min(timeout, signals.due[0] - now + 0.001)
-        return max(timeout, 0.0)
+        due = bool(signals.due) and signals.due[0] - now + 0.001 < timeout
+        if due:
+            timeout = signals.due[0] - now + 0.001
+        return max(timeout, 0.0), due
 
     def set_peers(self, queue: str, peers: int) -> None:
         """``peers`` live workers serve ``queue`` (this one included), as of now."""
