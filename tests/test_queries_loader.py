@@ -73,3 +73,37 @@ def test_every_query_is_used_by_some_code() -> None:
     unused = [name for name in (*queries.names(), *bench_queries.names())
               if f'"{name}"' not in code]
     assert unused == []
+
+
+def _probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str
+           ) -> queries.Queries:
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.sql").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return queries.Queries(name)
+
+
+def test_a_fragment_may_include_fragments(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = _probe(tmp_path, monkeypatch, "nested_sql_probe",
+                    "-- fragment: inner\nx.b\n\n-- fragment: outer\nx.a,\n-- include: inner\n\n"
+                    "-- name: q\nSELECT\n-- include: outer\nFROM x\n")
+    assert loader.text("q") == "SELECT\nx.a,\nx.b\nFROM x"
+
+
+def test_fragments_that_include_each_other_are_refused(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = _probe(tmp_path, monkeypatch, "cycle_sql_probe",
+                    "-- fragment: one\n-- include: two\n\n-- fragment: two\n-- include: one\n\n"
+                    "-- name: q\nSELECT\n-- include: one\n")
+    with pytest.raises(RuntimeError, match="more than 4 levels deep"):
+        loader.text("q")
+
+
+def test_both_claim_windows_read_key_state_from_one_fragment() -> None:
+    block = queries.text("claim_window").split("CASE WHEN l.key IS NOT NULL THEN", 1)[1]
+    block = block.split("OFFSET 0) l ON true", 1)[0]
+    assert len(block) > 300
+    assert queries.text("claim_window_judged").count(block) == 1

@@ -22,6 +22,8 @@ from psycopg import sql
 
 _HEAD = re.compile(r"^--\s*(name|fragment):\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _INCLUDE = re.compile(r"^--\s*include:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+#: How deep fragments may include fragments.
+_INCLUDE_DEPTH = 4
 
 
 def _compact(body: str) -> str:
@@ -100,7 +102,17 @@ class Queries:
             except KeyError:
                 raise RuntimeError(f"no SQL fragment named {match.group(1)!r}") from None
 
-        return {name: _compact(_INCLUDE.sub(fragment, body)).rstrip(";").strip()
+        def spliced(name: str, body: str) -> str:
+            # A fragment may include fragments too, up to a few levels (a cycle of
+            # includes would never end).
+            for _ in range(_INCLUDE_DEPTH):
+                if not _INCLUDE.search(body):
+                    return body
+                body = _INCLUDE.sub(fragment, body)
+            raise RuntimeError(f"query {name!r}: fragments included more than "
+                               f"{_INCLUDE_DEPTH} levels deep (a cycle?)")
+
+        return {name: _compact(spliced(name, body)).rstrip(";").strip()
                 for name, body in self._read()[0].items()}
 
     def text(self, name: str) -> str:

@@ -630,33 +630,7 @@ SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.runn
        st.max_starts, st.starts, st.busy, NULL, NULL, NULL
 FROM (
     SELECT m.limit_key,
-           l.key IS NOT NULL AS limited, l.max_running,
-           CASE WHEN l.key IS NOT NULL THEN
-               (SELECT count(*) FROM akadze.jobs r
-                WHERE r.state = 'running' AND r.limit_key = l.key) END AS running,
-           l.max_starts,
-           CASE WHEN l.max_starts IS NOT NULL THEN
-               (SELECT count(*) FROM akadze.start_marks s
-                WHERE s.key = l.key
-                  AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
-           END AS starts,
-           CASE WHEN NOT %(fair)s THEN NULL
-                WHEN m.limit_key IS NULL THEN
-                    (SELECT count(*) FROM akadze.jobs r
-                     WHERE r.state = 'running' AND r.limit_key IS NULL
-                       AND r.queue = %(queue)s)
-                ELSE (SELECT count(*) FROM akadze.jobs r
-                      WHERE r.state = 'running' AND r.limit_key = m.limit_key
-                        AND r.queue = %(queue)s) END AS busy
-    FROM met m
-    -- A probe of limits_pkey per key met (LATERAL, OFFSET 0): joined plainly,
-    -- the plan hashed the whole limits table at every window, a thousand
-    -- rows read to look up forty keys.
-    LEFT JOIN LATERAL (
-        SELECT x.key, x.max_running, x.max_starts, x."window" FROM akadze.limits x
-        WHERE x.key = m.limit_key
-        OFFSET 0) l ON true
-    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+-- include: claim_key_state
     -- OFFSET 0 keeps this subquery whole: inlined, each busy count ran twice
     -- (once for the WHERE below, once for its column), 1 ms of a 4 ms window of
     -- 240 new groups (EXPLAIN ANALYZE).
@@ -694,33 +668,7 @@ ORDER BY 2 DESC NULLS LAST, 3, 1
 -- each count would run once per reference.
 , st AS MATERIALIZED (
     SELECT m.limit_key, m.unflagged,
-           l.key IS NOT NULL AS limited, l.max_running,
-           CASE WHEN l.key IS NOT NULL THEN
-               (SELECT count(*) FROM akadze.jobs r
-                WHERE r.state = 'running' AND r.limit_key = l.key) END AS running,
-           l.max_starts,
-           CASE WHEN l.max_starts IS NOT NULL THEN
-               (SELECT count(*) FROM akadze.start_marks s
-                WHERE s.key = l.key
-                  AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
-           END AS starts,
-           CASE WHEN NOT %(fair)s THEN NULL
-                WHEN m.limit_key IS NULL THEN
-                    (SELECT count(*) FROM akadze.jobs r
-                     WHERE r.state = 'running' AND r.limit_key IS NULL
-                       AND r.queue = %(queue)s)
-                ELSE (SELECT count(*) FROM akadze.jobs r
-                      WHERE r.state = 'running' AND r.limit_key = m.limit_key
-                        AND r.queue = %(queue)s) END AS busy
-    FROM met m
-    -- A probe of limits_pkey per key met (LATERAL, OFFSET 0): joined plainly,
-    -- the plan hashed the whole limits table at every window, a thousand
-    -- rows read to look up forty keys.
-    LEFT JOIN LATERAL (
-        SELECT x.key, x.max_running, x.max_starts, x."window" FROM akadze.limits x
-        WHERE x.key = m.limit_key
-        OFFSET 0) l ON true
-    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
+-- include: claim_key_state
 )
 -- The cut: the window does not return the ready entries of a limited
 -- key past the key's headroom, by the state above (in this snapshot, the one
@@ -777,6 +725,39 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, lo.keys, NULL
 FROM left_out lo
 ORDER BY 2 DESC NULLS LAST, 3, 1
+
+-- fragment: claim_key_state
+-- The rest of a SELECT of the state of each key of `met` (limit_key), after the
+-- list's first columns (claim_entries_with_state, claim_entries_cut_with_state),
+-- read WITHOUT locks: whether it has a limits row, running(k) and starts(k),
+-- and in fair mode busy(g); no row for a paused queue.
+           l.key IS NOT NULL AS limited, l.max_running,
+           CASE WHEN l.key IS NOT NULL THEN
+               (SELECT count(*) FROM akadze.jobs r
+                WHERE r.state = 'running' AND r.limit_key = l.key) END AS running,
+           l.max_starts,
+           CASE WHEN l.max_starts IS NOT NULL THEN
+               (SELECT count(*) FROM akadze.start_marks s
+                WHERE s.key = l.key
+                  AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
+           END AS starts,
+           CASE WHEN NOT %(fair)s THEN NULL
+                WHEN m.limit_key IS NULL THEN
+                    (SELECT count(*) FROM akadze.jobs r
+                     WHERE r.state = 'running' AND r.limit_key IS NULL
+                       AND r.queue = %(queue)s)
+                ELSE (SELECT count(*) FROM akadze.jobs r
+                      WHERE r.state = 'running' AND r.limit_key = m.limit_key
+                        AND r.queue = %(queue)s) END AS busy
+    FROM met m
+    -- A probe of limits_pkey per key met (LATERAL, OFFSET 0): joined plainly,
+    -- the plan hashed the whole limits table at every window, a thousand
+    -- rows read to look up forty keys.
+    LEFT JOIN LATERAL (
+        SELECT x.key, x.max_running, x.max_starts, x."window" FROM akadze.limits x
+        WHERE x.key = m.limit_key
+        OFFSET 0) l ON true
+    WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
 
 -- fragment: claim_limit_counts
 -- The limits rows of the keys `keys` with what counts against them: running
