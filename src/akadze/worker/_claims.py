@@ -355,10 +355,7 @@ class ClaimLoop:
                 self._suspect = True
                 if state.stopping:
                     return
-                delay = backoff.reconnect_delay(state.trouble.failures(where) + 1,
-                                                state.random.random())
-                state.trouble.failed(where, exc, delay)
-                await state.sleep(delay)
+                await self._back_off(where, exc)
                 continue
             state.trouble.recovered(where)
             self._last_claim = loop.time()
@@ -382,6 +379,15 @@ class ClaimLoop:
             if not wakeup.notified(self.queue):
                 state.events.emit("idle", queue=self.queue)
             await self._idle_wait()
+
+    async def _back_off(self, where: str, exc: Exception) -> None:
+        """Report a failed claim or look as trouble and wait before the next try
+        (reconnect_delay, by how often ``where`` failed in a row)."""
+        state = self._state
+        delay = backoff.reconnect_delay(state.trouble.failures(where) + 1,
+                                        state.random.random())
+        state.trouble.failed(where, exc, delay)
+        await state.sleep(delay)
 
     async def _idle_wait(self) -> None:
         """Wait for a reason to look again; after a notification, let a burst land
@@ -423,10 +429,7 @@ class ClaimLoop:
         except Exception as exc:
             if state.stopping:
                 return None
-            delay = backoff.reconnect_delay(state.trouble.failures(where) + 1,
-                                            state.random.random())
-            state.trouble.failed(where, exc, delay)
-            await state.sleep(delay)
+            await self._back_off(where, exc)
             return None
         state.trouble.recovered(where)
         if row is None:
