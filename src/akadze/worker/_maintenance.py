@@ -59,18 +59,13 @@ async def rescue_expired(
     *,
     now: datetime | None = None,
     orphan_grace: float = 30.0,
-    turn: bool = False,
-) -> list[tuple[int, str]] | None:
+) -> list[tuple[int, str]]:
     """Requeue (or fail, on their last attempt) the running jobs of workers whose
     lease expired; return ``(job id, new state)`` pairs. Runs its own transaction;
-    on_transition hooks run in it. ``turn``: first take the maintenance lock for
-    that transaction, and return None at once when another process has it."""
-    if not turn:
-        async with conn.transaction():
-            return await _rescue(conn, app, now, orphan_grace)
-    taken, rescued = await _rescue_in_turn(conn, app, now=now, orphan_grace=orphan_grace,
-                                           every=0.0, prune_every=PRUNE_EVERY)
-    return rescued if taken.due else None
+    on_transition hooks run in it. (A maintenance round rescues in its turn
+    instead: :func:`run_round`.)"""
+    async with conn.transaction():
+        return await _rescue(conn, app, now, orphan_grace)
 
 
 @dataclass(frozen=True)
