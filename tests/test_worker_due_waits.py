@@ -174,3 +174,12 @@ async def test_a_looked_due_time_wakes_like_a_notification() -> None:
     done, _ = await asyncio.wait({waiting}, timeout=0.2)
     assert not done
     waiting.cancel()
+
+
+async def test_a_known_due_time_wakes_no_earlier_than_due() -> None:
+    loop = asyncio.get_running_loop()
+    wakeup = Wakeup(["q"], poll_interval=3600, rand=random.Random(1))
+    when = loop.time() + 0.05
+    wakeup.due_at("q", when)
+    await asyncio.wait_for(wakeup.wait("q", lambda: False), timeout=5)
+    assert wakeup.woke_at_due_time("q") and loop.time() >= when

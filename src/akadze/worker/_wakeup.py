@@ -317,8 +317,9 @@ class Wakeup:
         timeout, why = interval * self._random.uniform(0.8, 1.2), "poll"
         while signals.due and signals.due[0] <= now:
             heapq.heappop(signals.due)
-        if signals.due and signals.due[0] - now + 0.001 < timeout:
-            timeout, why = signals.due[0] - now + 0.001, "due"
+        # due_at added the 1 ms margin already (one margin, not two).
+        if signals.due and signals.due[0] - now < timeout:
+            timeout, why = signals.due[0] - now, "due"
         expected = signals.expected
         if expected is not None and expected - now + 0.001 < timeout:
             timeout, why = expected - now + 0.001, "expected"
