@@ -16,15 +16,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from claim_support import watch_steps
 
-from akadze import queries
 from akadze.app import Akadze
-from akadze.claim import _drivers, _windows, claim, claim_oracle
-from akadze.claim._steps import Batch, Request, Statement, Steps
+from akadze.claim import claim, claim_oracle
+from akadze.claim._steps import Batch, Statement
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 Conn = psycopg.Connection[tuple[Any, ...]]
-NAMES = {id(queries.get(name)): name for name in queries.names()}
 
 
 class Trace:
@@ -41,25 +40,13 @@ class Trace:
 def trace(monkeypatch: pytest.MonkeyPatch) -> Iterator[Trace]:
     seen = Trace()
 
-    def traced(request: Request) -> Steps:
-        steps = _windows.windowed_steps(request)
-        reply: Any = None
-        while True:
-            try:
-                step = steps.send(reply)
-            except StopIteration as done:
-                result: Any = done.value
-                return result
-            if isinstance(step, (Batch, Statement)):
-                sent = step.statements if isinstance(step, Batch) else (step,)
-                names = [NAMES[id(st.query)] for st in sent]
-                if "claim_take" in names and seen.before_take is not None:
-                    hook, seen.before_take = seen.before_take, None
-                    hook()
-                seen.trips.append((names, isinstance(step, Batch) and step.commit))
-            reply = yield step
+    def step_seen(step: Batch | Statement, names: list[str]) -> None:
+        if "claim_take" in names and seen.before_take is not None:
+            hook, seen.before_take = seen.before_take, None
+            hook()
+        seen.trips.append((names, isinstance(step, Batch) and step.commit))
 
-    monkeypatch.setattr(_drivers, "windowed_steps", traced)
+    watch_steps(monkeypatch, on_claim=lambda: None, on_step=step_seen)
     yield seen
 
 
@@ -158,13 +145,15 @@ def test_a_key_held_by_another_claim_is_refused_then_waited_for(
     ids = fill(conn, ["a", None, None, None])
     other = psycopg.connect(database_url)
     released = threading.Event()
+    releasers: list[threading.Thread] = []
 
     def release_when_waited_for() -> None:
         # the claim waits for the key (its one lock that may wait: it holds no
-        # limits row and no job); the holder ends once the wait is seen
+        # limits row and no job); the holder ends once the wait is seen (or once
+        # the claim returned, so that it never touches a closed connection)
         with psycopg.connect(database_url, autocommit=True) as watch:
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and watch.execute(
+            while time.monotonic() < deadline and not released.is_set() and watch.execute(
                     "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
                     "WHERE NOT l.granted AND d.datname = current_database()").fetchone() == (0,):
                 released.wait(0.01)
@@ -172,13 +161,16 @@ def test_a_key_held_by_another_claim_is_refused_then_waited_for(
 
     def hold() -> None:
         other.execute("SELECT 1 FROM akadze.limits WHERE key = 'a' FOR NO KEY UPDATE")
-        threading.Thread(target=release_when_waited_for, daemon=True).start()
+        releasers.append(threading.Thread(target=release_when_waited_for, daemon=True))
+        releasers[-1].start()
 
     trace.before_take = hold
     try:
         got = claim(conn, queue="q", slots=3, now=NOW)
     finally:
         released.set()
+        for releaser in releasers:
+            releaser.join(timeout=30)
         other.close()
     # refused: nothing taken in the first transaction; the next one locks the
     # key the classic way, finds it held, waits for it, and takes as planned

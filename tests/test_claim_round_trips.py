@@ -16,10 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from claim_support import watch_steps
 
-from akadze import queries
-from akadze.claim import _drivers, _windows, claim, memory
-from akadze.claim._steps import Batch, Request, Statement, Steps
+from akadze.claim import claim, memory
+from akadze.claim._steps import Batch, Statement
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -34,27 +34,17 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     names of the statements each claim sent)."""
     counts: list[int] = []
     SENT.clear()
-    named = {id(queries.get(name)): name for name in queries.names()}
 
-    def counted(request: Request) -> Steps:
-        steps = _windows.windowed_steps(request)
+    def claim_began() -> None:
         counts.append(0)
         SENT.append([])
-        reply: Any = None
-        while True:
-            try:
-                step = steps.send(reply)
-            except StopIteration as done:
-                result: Any = done.value
-                return result
-            if isinstance(step, Batch) or (isinstance(step, Statement) and step.fetch):
-                counts[-1] += 1
-            if isinstance(step, (Batch, Statement)):
-                sent = step.statements if isinstance(step, Batch) else (step,)
-                SENT[-1].extend(named[id(st.query)] for st in sent)
-            reply = yield step
 
-    monkeypatch.setattr(_drivers, "windowed_steps", counted)
+    def step_seen(step: Batch | Statement, names: list[str]) -> None:
+        if isinstance(step, Batch) or step.fetch:
+            counts[-1] += 1
+        SENT[-1].extend(names)
+
+    watch_steps(monkeypatch, on_claim=claim_began, on_step=step_seen)
     yield counts
 
 
