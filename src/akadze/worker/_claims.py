@@ -43,6 +43,12 @@ draining a backlog (after a full claim), nor after a failed claim (which
 reconciles first). Claiming pauses while the worker is fenced and
 while too many outcomes wait to be written (``backlogged``).
 
+Listening, a loop whose claim came back short looks once more, right after it, only
+to learn when the queue's next queued job becomes due (the look's ``due_in``): it
+then waits for a notification or that due time, with a long safety poll
+(``Settings.quiet_poll``), instead of polling every ``poll_interval``
+(:class:`~._wakeup.Wakeup`). Not listening, it polls as before.
+
 A claim that failed may have committed unseen (the reply was lost): before the
 next claim of that queue, the loop reconciles, giving back the jobs of the queue
 that the database says run here and that are neither running, buffered nor
@@ -346,6 +352,7 @@ class ClaimLoop:
                     continue
             room = self._room()
             began = loop.time()
+            wakeup.unsure(self.queue)
             IDLE_EASING.claims += 1
             try:
                 if self._suspect:
@@ -376,6 +383,12 @@ class ClaimLoop:
             # window of a key the claim left without room opens).
             if blocked:
                 await self._when_window_opens(blocked)
+            if (IDLE_EASING.look_first and wakeup.waits_long()
+                    and not wakeup.notified(self.queue)):
+                # Learn when the next queued job is due, to wait for it rather than
+                # poll. A look that says ready (a job this claim did not take) gives
+                # no due time: the loop then polls, as it did.
+                await self._looks_ready()
             if not wakeup.notified(self.queue):
                 state.events.emit("idle", queue=self.queue)
             await self._idle_wait()
@@ -427,16 +440,20 @@ class ClaimLoop:
                     "queue": self.queue, "now": self._settings.sql_now(), "peers": peers})
                 row = await cur.fetchone()
         except Exception as exc:
+            wakeup.unsure(self.queue)
             if state.stopping:
                 return None
             await self._back_off(where, exc)
             return None
         state.trouble.recovered(where)
         if row is None:
+            wakeup.unsure(self.queue)
             return True
         if row[1] is not None:
             wakeup.set_peers(self.queue, int(row[1]))
-        return bool(row[0])
+        ready = bool(row[0])
+        wakeup.looked(self.queue, ready, None if row[2] is None else float(row[2]))
+        return ready
 
     async def _when_window_opens(self, keys: tuple[str, ...]) -> None:
         loop = asyncio.get_running_loop()

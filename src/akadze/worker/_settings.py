@@ -14,6 +14,13 @@ from ..clock import Clock, SystemClock
 from ..errors import ConfigurationError
 from ._events import EventCallback
 
+#: While listening, an idle claim loop whose look found nothing ready polls this many
+#: times less often than ``poll_interval`` ...
+QUIET_POLL_FACTOR = 10
+#: ... but at least every this many seconds (the listener's probe period): see
+#: :attr:`Settings.quiet_poll`.
+QUIET_POLL_MAX = 30.0
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -47,6 +54,20 @@ class Settings:
     def max_pending(self) -> int:
         """Outcomes waiting to be written beyond which claiming pauses."""
         return max(2 * self.slots * len(self.queues), 1_000)
+
+    @property
+    def quiet_poll(self) -> float | None:
+        """The safety poll of a listening claim loop whose last look found nothing
+        ready: QUIET_POLL_FACTOR x ``poll_interval``, at most QUIET_POLL_MAX, never
+        below ``poll_interval`` (10 s by default). Listening, the loop otherwise
+        waits for a notification or the next due time the look returned; this poll
+        only catches what neither announces (a row changed by hand, outside akadze's
+        statements). None: poll every ``poll_interval`` (not listening; or an
+        injected clock, whose time need not pass with the event loop's)."""
+        if not self.listen or self.sql_now() is not None:
+            return None
+        return max(self.poll_interval,
+                   min(QUIET_POLL_FACTOR * self.poll_interval, QUIET_POLL_MAX))
 
     @property
     def any_plain_task(self) -> bool:

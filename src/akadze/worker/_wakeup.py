@@ -18,6 +18,22 @@ which cannot work behind PgBouncer in transaction pooling mode and which
 ``listen=False`` turns off), and the known due times of jobs this worker retried
 or snoozed.
 
+Listening, a claim loop whose last look (``worker_queue_ready``) found nothing ready
+does not poll every ``poll_interval``: it waits for a notification, the next due
+time the look returned (:meth:`Wakeup.looked`; the moment the queue's next queued
+job becomes due), or the safety poll ``Settings.quiet_poll`` (10 x poll_interval,
+at most 30 s). Nothing becomes claimable without one of them: every statement that
+leaves a job queued notifies (enqueues, scheduled ones included, retries, snoozes,
+rescues, requeues, resume, a limited key getting room), what is queued already has
+its due time, and a start-rate window is learnt by the claim it held back
+(``limit_next_start``). A look that says ready (a job a claim then does not take:
+another task's, a key without room) gives no due time, so the loop polls as before.
+When the listener loses its connection, the waits are re-timed to ``poll_interval``
+(:meth:`Wakeup.retime_all`); when it is back, every queue is looked at. A due time
+learnt by a look is shared by every worker of the queue: it wakes the loop like a
+notification (spread over the peers, looked at first), not like a due time of this
+worker's own.
+
 A notification reaches every worker of the queue at once. Alone on its queue, a
 worker claims after :data:`DEBOUNCE`, as it always did. Beside ``peers - 1`` other
 live workers of the queue (as the database's ``akadze.workers`` says: the claim
@@ -111,11 +127,13 @@ class Listener:
         on_cancel: Callable[[int], None],
         on_connected: Callable[[], None],
         trouble: Trouble,
+        on_lost: Callable[[], None] = lambda: None,
     ) -> None:
         self._connect = connect
         self._on_queue = on_queue
         self._on_cancel = on_cancel
         self._on_connected = on_connected
+        self._on_lost = on_lost
         self._trouble = trouble
         self.listening = False
         #: Set after the first attempt to listen, whether it worked or not.
@@ -131,15 +149,21 @@ class Listener:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.listening = False
+                self._lost()
                 delay = backoff.reconnect_delay(self._trouble.failures(where) + 1,
                                                 random.random())
                 self._trouble.failed(where, exc, delay)
                 self.tried.set()
                 await asyncio.sleep(delay)
             finally:
-                self.listening = False
+                self._lost()
                 self.conn = None
+
+    def _lost(self) -> None:
+        """Not listening any more: notifications may be missed from now on."""
+        if self.listening:
+            self.listening = False
+            self._on_lost()
 
     async def _listen_once(self) -> None:
         conn = await self._connect()
@@ -176,15 +200,20 @@ class _Signals:
     retimer: asyncio.Event = field(default_factory=asyncio.Event)  # an earlier due time
     due: list[float] = field(default_factory=list)  # heap of loop times of known run_at
     by_due: bool = False  # the last wait ended at a known due time
+    quiet: bool = False  # the last look found nothing ready: listening, wait long
+    expected: float | None = None  # loop time: the queue's next job is due, as looked
 
 
 class Wakeup:
     """Each queue's reasons to claim again (used by its claim loop)."""
 
     def __init__(self, queues: Sequence[str], *, poll_interval: float,
-                 rand: random.Random) -> None:
+                 rand: random.Random, quiet_poll: float | None = None,
+                 listening: Callable[[], bool] = lambda: False) -> None:
         self._signals = {name: _Signals() for name in queues}
         self._poll_interval = poll_interval
+        self._quiet_poll = quiet_poll
+        self._listening = listening
         self._random = rand
         #: Live workers of each queue (this one included) and the loop time it was
         #: learnt; unknown until the first ready check brings it.
@@ -210,6 +239,32 @@ class Wakeup:
         if signals.due[0] == when + 0.001:
             signals.retimer.set()  # earlier than what the queue's loop waits for
 
+    def looked(self, queue: str, ready: bool, due_in: float | None) -> None:
+        """A look at ``queue`` said whether anything is ready and, when not, in how
+        many seconds its next queued job becomes due (None: no queued job). Only a
+        loop that waits long (listening) waits for that due time; a polling one
+        finds the job at a poll, as it always did."""
+        signals = self._signals[queue]
+        signals.quiet = not ready
+        signals.expected = None
+        if not ready and due_in is not None and self.waits_long():
+            signals.expected = asyncio.get_running_loop().time() + max(due_in, 0.0)
+
+    def unsure(self, queue: str) -> None:
+        """What the last look said no longer holds (a claim, a failed look): poll."""
+        signals = self._signals[queue]
+        signals.quiet = False
+        signals.expected = None
+
+    def waits_long(self) -> bool:
+        """Whether a quiet loop waits for the safety poll (listening, with one)."""
+        return self._quiet_poll is not None and self._listening()
+
+    def retime_all(self) -> None:
+        """The listener lost its connection: every wait is timed again (polling)."""
+        for signals in self._signals.values():
+            signals.retimer.set()
+
     def notified(self, queue: str) -> bool:
         return self._signals[queue].wake.is_set()
 
@@ -218,14 +273,15 @@ class Wakeup:
         self._signals[queue].wake.clear()
 
     async def wait(self, queue: str, stopping: Callable[[], bool]) -> None:
-        """Wait for a notification, the polling timer, or the earliest known due
-        time (which may move earlier while waiting)."""
+        """Wait for a notification, the polling timer, the earliest known due time
+        (which may move earlier while waiting) or the due time a look returned (which
+        then counts as a notification)."""
         signals = self._signals[queue]
         loop = asyncio.get_running_loop()
         signals.by_due = False
         while not signals.wake.is_set() and not stopping():
             signals.retimer.clear()
-            timeout, due = self._poll_timeout(signals)
+            timeout, why = self._poll_timeout(signals)
             began = loop.time()
             waits = [asyncio.ensure_future(signals.wake.wait()),
                      asyncio.ensure_future(signals.retimer.wait())]
@@ -235,9 +291,15 @@ class Wakeup:
                 for waiting in waits:
                     waiting.cancel()
             timed_out = loop.time() - began >= timeout
-            if not signals.retimer.is_set() or timed_out:
-                signals.by_due = due and timed_out and not signals.wake.is_set()
-                return
+            if signals.retimer.is_set() and not timed_out:
+                continue
+            if timed_out and not signals.wake.is_set():
+                if why == "due":
+                    signals.by_due = True
+                elif why == "expected":
+                    signals.expected = None
+                    signals.wake.set()
+            return
 
     def woke_at_due_time(self, queue: str) -> bool:
         """Whether the last wait of ``queue`` ended at a known due time (a retry or a
@@ -245,16 +307,22 @@ class Wakeup:
         knows of, not a poll's guess."""
         return self._signals[queue].by_due
 
-    def _poll_timeout(self, signals: _Signals) -> tuple[float, bool]:
-        """How long to wait, and whether that ends at a known due time."""
+    def _poll_timeout(self, signals: _Signals) -> tuple[float, str]:
+        """How long to wait, and what ends it: "poll", "due" (a known due time of
+        this worker's) or "expected" (the due time the last look returned)."""
         now = asyncio.get_running_loop().time()
-        timeout = self._poll_interval * self._random.uniform(0.8, 1.2)
+        interval = self._poll_interval
+        if signals.quiet and self.waits_long():
+            interval = self._quiet_poll or interval
+        timeout, why = interval * self._random.uniform(0.8, 1.2), "poll"
         while signals.due and signals.due[0] <= now:
             heapq.heappop(signals.due)
-        due = bool(signals.due) and signals.due[0] - now + 0.001 < timeout
-        if due:
-            timeout = signals.due[0] - now + 0.001
-        return max(timeout, 0.0), due
+        if signals.due and signals.due[0] - now + 0.001 < timeout:
+            timeout, why = signals.due[0] - now + 0.001, "due"
+        expected = signals.expected
+        if expected is not None and expected - now + 0.001 < timeout:
+            timeout, why = expected - now + 0.001, "expected"
+        return max(timeout, 0.0), why
 
     def set_peers(self, queue: str, peers: int) -> None:
         """``peers`` live workers serve ``queue`` (this one included), as of now."""

@@ -133,7 +133,8 @@ class Worker:
         self.counts = state.counts
         owner = self._connections = Connections(settings)
         self._wakeup = Wakeup(settings.queues, poll_interval=settings.poll_interval,
-                              rand=state.random)
+                              rand=state.random, quiet_poll=settings.quiet_poll,
+                              listening=self._listening)
         self._flusher = OutcomeFlusher(state, owner, on_due=self._wakeup.due_at,
                                        on_room=self._key_room)
         self._progress = ProgressWriter(state, owner)
@@ -241,7 +242,7 @@ class Worker:
                 self._listener = Listener(
                     self._connections.listen_connection, on_queue=self._wakeup.notify,
                     on_cancel=self._cancels.requested, on_connected=self._on_listening,
-                    trouble=state.trouble,
+                    trouble=state.trouble, on_lost=self._wakeup.retime_all,
                 )
                 self._spawn(self._listener.run(), "listener")
             for claims in self._claim_loops.values():

@@ -447,6 +447,15 @@ WHERE j.worker_id = %(worker_id)s AND j.state = 'running' AND j.queue = %(queue)
 -- many live workers serve the queue (this one included), to spread their wake-ups
 -- (akadze.worker._wakeup.wake_delay). Evaluated only when asked: an InitPlan under a
 -- CASE runs when first needed. The workers table is small (a row per worker); a scan.
+--
+-- due_in: when nothing is ready, the seconds from the server's now (not the
+-- worker's clock: skew does not matter) until the queue's next queued job becomes
+-- due, NULL when the queue holds none (or is paused: resume_queue notifies). When
+-- no head is due the recursion has walked every level, and each level's head is
+-- its earliest run_at, so the least head is the queue's earliest queued run_at. A
+-- listening worker waits for it instead of polling (akadze.worker._wakeup): every
+-- statement that leaves a job queued notifies, so what is queued now and what the
+-- notifications bring are all that can become claimable.
 WITH RECURSIVE free_heads AS (
     (SELECT j.priority, j.run_at
      FROM akadze.jobs AS j
@@ -491,4 +500,13 @@ SELECT NOT EXISTS (SELECT 1 FROM akadze.queue_pauses AS p WHERE p.queue = %(queu
            (SELECT count(*) FROM akadze.workers AS w
             WHERE %(queue)s = ANY (w.queues)
               AND w.heartbeat_at + w.lease >= coalesce(%(now)s::timestamptz, now()))
-       END AS peers;
+       END AS peers,
+       CASE WHEN NOT EXISTS (SELECT 1 FROM akadze.queue_pauses AS p
+                             WHERE p.queue = %(queue)s) THEN
+           extract(epoch FROM
+               (SELECT min(h.run_at)
+                FROM (SELECT f.run_at FROM free_heads AS f
+                      UNION ALL
+                      SELECT l.run_at FROM limited_heads AS l) AS h)
+               - coalesce(%(now)s::timestamptz, now()))::float8
+       END AS due_in;
