@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from worker_support import Events, insert_job, wait_state
+from worker_support import Events, insert_job, insert_peers, wait_state
 
 from akadze import Akadze, Worker, pause_queue_sync, queries, set_limit_sync
 from akadze.worker._wakeup import Wakeup
@@ -75,9 +75,7 @@ async def test_beside_peers_a_due_time_is_looked_at_and_claimed(
 ) -> None:
     # Beside live peers the due time learnt by a look wakes the loop like a
     # notification (spread, looked at first): the job still runs at its due time.
-    conn.execute("INSERT INTO akadze.workers (id, host, pid, queues, lease) "
-                 "SELECT 'peer-' || n, 'h', n, '{default}', interval '1 hour' "
-                 "FROM generate_series(1, 20) AS n")
+    insert_peers(conn, 20)
     events = Events()
     async with Worker(noop_app(app), poll_interval=60, on_event=events):
         listening = await events.next("listening")

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from worker_support import Events, eventually, insert_job, wait_state
+from worker_support import Events, eventually, insert_job, insert_peers, wait_state
 
 from akadze import Akadze, Worker, pause_queue_sync, queries, resume_queue_sync, set_limit_sync
 from akadze.worker._wakeup import IDLE_EASING, SPREAD_MAX, SPREAD_PER_PEER, wake_delay
@@ -156,10 +156,7 @@ async def test_a_job_is_picked_up_on_notification_beside_many_peers(
 ) -> None:
     # 60 other live workers of the queue (rows only): this one spreads its wake-ups
     # over them (up to SPREAD_PER_PEER x 59 after a notification) and looks first.
-    conn.execute(
-        "INSERT INTO akadze.workers (id, host, pid, queues, lease) "
-        "SELECT 'peer-' || n, 'h', n, '{default}', interval '1 hour' "
-        "FROM generate_series(1, 60) AS n")
+    insert_peers(conn, 60)
     events = Events()
     async with Worker(noop_app(app), poll_interval=60, on_event=events):
         listening = await events.next("listening")

@@ -41,6 +41,14 @@ def insert_job(
     return int(row[0])
 
 
+def insert_peers(conn: psycopg.Connection[Any], count: int, queue: str = "default") -> None:
+    """``count`` other live workers of ``queue`` (rows only, leases of an hour)."""
+    conn.execute(
+        "INSERT INTO akadze.workers (id, host, pid, queues, lease) "
+        "SELECT 'peer-' || n, 'h', n, ARRAY[%s], interval '1 hour' "
+        "FROM generate_series(1, %s) AS n", (queue, count))
+
+
 def job(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute("SELECT * FROM akadze.jobs WHERE id = %s", (job_id,)).fetchone()
