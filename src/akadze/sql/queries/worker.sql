@@ -491,22 +491,21 @@ WITH RECURSIVE free_heads AS (
         LIMIT 1) AS n
     WHERE h.run_at > coalesce(%(now)s::timestamptz, now())
 )
-SELECT NOT EXISTS (SELECT 1 FROM akadze.queue_pauses AS p WHERE p.queue = %(queue)s)
-       AND (EXISTS (SELECT 1 FROM free_heads AS h
-                    WHERE h.run_at <= coalesce(%(now)s::timestamptz, now()))
-            OR EXISTS (SELECT 1 FROM limited_heads AS h
-                       WHERE h.run_at <= coalesce(%(now)s::timestamptz, now()))) AS ready,
+-- The queue's pause and its earliest head are read once; ready and due_in both
+-- follow from them (some head is due exactly when the least head is).
+SELECT NOT q.paused AND coalesce(q.next_at <= coalesce(%(now)s::timestamptz, now()), false)
+           AS ready,
        CASE WHEN %(peers)s::boolean THEN
            (SELECT count(*) FROM akadze.workers AS w
             WHERE %(queue)s = ANY (w.queues)
               AND w.heartbeat_at + w.lease >= coalesce(%(now)s::timestamptz, now()))
        END AS peers,
-       CASE WHEN NOT EXISTS (SELECT 1 FROM akadze.queue_pauses AS p
-                             WHERE p.queue = %(queue)s) THEN
-           extract(epoch FROM
-               (SELECT min(h.run_at)
-                FROM (SELECT f.run_at FROM free_heads AS f
-                      UNION ALL
-                      SELECT l.run_at FROM limited_heads AS l) AS h)
-               - coalesce(%(now)s::timestamptz, now()))::float8
-       END AS due_in;
+       CASE WHEN NOT q.paused THEN
+           extract(epoch FROM q.next_at - coalesce(%(now)s::timestamptz, now()))::float8
+       END AS due_in
+FROM (SELECT EXISTS (SELECT 1 FROM akadze.queue_pauses AS p
+                     WHERE p.queue = %(queue)s) AS paused,
+             (SELECT min(h.run_at)
+              FROM (SELECT f.run_at FROM free_heads AS f
+                    UNION ALL
+                    SELECT l.run_at FROM limited_heads AS l) AS h) AS next_at) AS q;
