@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from worker_support import Events, wait_event
 
 from akadze import Akadze, Worker, current
 from akadze.errors import ConfigurationError
@@ -30,7 +31,8 @@ def test_the_budget_is_shared_out_exactly(queues: int, listen: bool, plain: bool
     assert budget.total == connections
     assert budget.listen == int(listen)
     assert 1 <= budget.claims <= queues
-    assert budget.general >= 2
+    # Listening, heartbeats borrow the LISTEN connection; else they need a second one.
+    assert budget.general >= (1 if listen else 2)
     assert (budget.sync >= 1) == plain
 
 
@@ -53,8 +55,8 @@ def _app(database_url: str, *, plain: bool) -> Akadze:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"connections": 4}, "connections must be at least 5 for this worker (claims 1, "
-                         "outcomes and heartbeats 2, LISTEN 1, complete_tx of plain tasks 1)"),
+    ({"connections": 3}, "connections must be at least 4 for this worker (claims 1, "
+                         "outcomes 1, LISTEN and heartbeats 1, complete_tx of plain tasks 1)"),
     ({"connections": 0}, "connections must be a positive integer"),
     ({"connections": 5, "pool_size": 3}, "give connections or pool_size"),
 ])
@@ -68,12 +70,14 @@ def test_a_budget_too_small_is_refused(database_url: str, kwargs: dict[str, Any]
 def test_without_listen_or_plain_tasks_three_are_enough(database_url: str) -> None:
     worker = Worker(_app(database_url, plain=False), listen=False, connections=3)
     assert worker.listen is False
+    with pytest.raises(ConfigurationError, match="outcomes and heartbeats 2"):
+        Worker(_app(database_url, plain=False), listen=False, connections=2)
 
 
 async def test_a_busy_worker_stays_within_its_budget(database_url: str, conn: Conn) -> None:
     """Two queues of 20 slots, plain and async tasks all writing in complete_tx (the
     most a worker opens): the default budget is 3 + 40 / 10 = 7, and the peak seen in
-    pg_stat_activity stays within it, also with the smallest this worker accepts (5)."""
+    pg_stat_activity stays within it, also with the smallest this worker accepts (4)."""
     app = Akadze(database_url=database_url)
 
     @app.task("pt", queue="a")
@@ -88,7 +92,7 @@ async def test_a_busy_worker_stays_within_its_budget(database_url: str, conn: Co
         async with current().complete_tx() as tx:
             await tx.execute("SELECT pg_sleep(0.005)")
 
-    for budget, jobs in ((None, 150), (5, 60)):
+    for budget, jobs in ((None, 150), (4, 60)):
         conn.execute("DELETE FROM akadze.jobs")
         with psycopg.connect(database_url) as enqueuing:
             pt.using(session=enqueuing).enqueue_many_sync([{}] * jobs)
@@ -103,6 +107,53 @@ async def test_a_busy_worker_stays_within_its_budget(database_url: str, conn: Co
                     await asyncio.sleep(0.05)  # polling database state with a deadline
         limit = 7 if budget is None else budget
         assert 3 <= peak.most <= limit, (budget, peak.most)
+
+
+async def test_a_small_listening_worker_runs_on_three(database_url: str, conn: Conn) -> None:
+    """A listening worker of 2 slots with async tasks opens 3 connections (LISTEN,
+    claims, the general pool of 1). While a job's complete_tx holds the whole general
+    pool, the lease is still renewed (heartbeats borrow the LISTEN connection) and a
+    job enqueued meanwhile is still noticed and started (polls are 60 s apart)."""
+    app = Akadze(database_url=database_url)
+    holding = asyncio.Event()
+    release = asyncio.Event()
+    second_started = asyncio.Event()
+
+    @app.task("hold")
+    async def hold() -> None:
+        async with current().complete_tx() as tx:
+            await tx.execute("SELECT 1")
+            holding.set()
+            await release.wait()
+
+    @app.task("second")
+    async def second() -> None:
+        second_started.set()
+
+    events = Events()
+    with psycopg.connect(database_url) as enqueuing:
+        hold.using(session=enqueuing).enqueue_sync()
+    peak = _Peak(database_url)
+    with peak:
+        async with Worker(app, slots=2, lease=1.0, poll_interval=60,
+                          on_event=events) as worker:
+            assert worker.listen
+            await wait_event(holding)
+            renewed = len(events.seen)
+            await events.next("lease_renewed", after=renewed)
+            again = await events.next("lease_renewed", after=renewed)
+            await events.next("lease_renewed", after=again)
+            with psycopg.connect(database_url) as enqueuing:
+                second.using(session=enqueuing).enqueue_sync()
+            await wait_event(second_started)
+            assert events.find("fenced") is None
+            release.set()
+            deadline = time.monotonic() + 30
+            while conn.execute("SELECT count(*) FROM akadze.jobs WHERE state = "
+                               "'succeeded'").fetchone() != (2,):
+                assert time.monotonic() < deadline, "the jobs did not both finish"
+                await asyncio.sleep(0.02)  # polling database state with a deadline
+    assert peak.most == 3, peak.most
 
 
 class _Peak:

@@ -1,6 +1,6 @@
 """``akadze bench idle``: what many idle workers cost the server, and a busy worker.
 
-``--workers`` idle workers (default 95: :class:`~akadze.worker.Worker` objects with
+``--workers`` idle workers (default 100: :class:`~akadze.worker.Worker` objects with
 one slot and default settings, listening, spread over ``--processes`` processes) serve
 a queue with nothing ready; one busy worker (``--busy-slots`` slots, in this process)
 drains a backlog of ``--busy-jobs`` no-op jobs on another queue of the same database.
@@ -21,10 +21,9 @@ Reported:
   job, pick-up latency (from just before the enqueue's commit was sent to the task's
   first line, one clock: CLOCK_MONOTONIC is the host's), and server CPU.
 
-Each idle worker holds up to 4 server connections (the default budget of a listening
-worker of one slot: LISTEN, claims 1, general pool 2, which its heartbeat and
-maintenance fill): 100 of them would need all of a ``max_connections`` of 400, so
-the default is 95, and the per-worker costs scale to 100.
+Each idle worker holds up to 3 server connections (the default budget of a listening
+worker of one slot: LISTEN, which its heartbeats borrow, claims 1 and general pool 1):
+100 of them need 300 of the server's ``max_connections``.
 """
 
 from __future__ import annotations
@@ -442,8 +441,8 @@ def write_report(path: Path, host: dict[str, str], options: dict[str, Any],
 
 
 @click.command("idle")
-@click.option("--workers", type=click.IntRange(1, 120), default=95, show_default=True,
-              help="Idle workers (up to 4 server connections each).")
+@click.option("--workers", type=click.IntRange(1, 120), default=100, show_default=True,
+              help="Idle workers (up to 3 server connections each).")
 @click.option("--processes", type=click.IntRange(1, 32), default=4, show_default=True,
               help="Processes the idle workers are spread over.")
 @click.option("--busy-jobs", type=click.IntRange(100), default=20_000, show_default=True,

@@ -5,12 +5,14 @@ A worker process opens at most ``Settings.connections`` server connections (defa
 
 - the LISTEN connection of the listener (when listening), dedicated, opened by it
   through :meth:`Connections.listen_connection`, on ``listen_url`` when one is given;
+  the lease keeper's heartbeats borrow it between notifications;
 - the claim pool: claims only (one claim at a time per connection; a queue's claims
   take turns on the server anyway), at most one per queue;
 - the sync pool, opened on first use, only for a worker with plain (thread) tasks:
   ``complete_tx`` in those tasks;
-- the general pool, the rest: outcome writes, heartbeats, maintenance, cancellation
-  polls, reconciling a lost claim reply, ``complete_tx`` in async tasks.
+- the general pool, the rest: outcome writes, maintenance, cancellation polls,
+  reconciling a lost claim reply, ``complete_tx`` in async tasks, and heartbeats
+  when not listening (or while the LISTEN connection is lost).
 
 Pools keep one connection open when idle and grow to their share on demand. No
 connection is held while a task runs. Nothing here relies on the session outliving a
@@ -55,13 +57,16 @@ class Budget:
 def split_budget(connections: int, queues: int, listen: bool, plain: bool) -> Budget:
     """Share ``connections`` out: LISTEN 1 (when listening); claims a third of the
     rest, at least 1 and at most one per queue; the sync pool (plain tasks only) a
-    third of what is left, at least 1; the general pool the remainder, at least 2.
-    ``connections`` is at least the minimum (settings checked it)."""
+    third of what is left, at least 1; the general pool the remainder, at least 1
+    when listening (heartbeats run on the LISTEN connection, see
+    :meth:`~._listener.Listener.lent`), else at least 2 (so that a heartbeat never
+    waits behind the other uses). ``connections`` is at least the minimum (settings
+    checked it)."""
     rest = connections - int(listen)
     claims = max(1, min(queues, rest // 3))
     sync = max(1, (rest - claims) // 3) if plain else 0
     general = rest - claims - sync
-    if general < 2:
+    if general < (1 if listen else 2):
         raise WorkerError(f"{connections} connections are too few for this worker")
     return Budget(int(listen), claims, general, sync)
 

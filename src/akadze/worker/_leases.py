@@ -16,7 +16,8 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Any
 
@@ -98,15 +99,25 @@ async def check_schema(conn: psycopg.AsyncConnection[Any], url: str) -> None:
         )
 
 
+#: Lends a dedicated connection (the listener's), or yields None when it has none.
+Lender = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any] | None]]
+
+
 class LeaseKeeper:
-    """Keeps the worker's lease, and fences the worker when it cannot."""
+    """Keeps the worker's lease, and fences the worker when it cannot.
+
+    Heartbeats run on the connection ``lend`` lends when it has one (a listening
+    worker's LISTEN connection, idle between notifications), so they never wait
+    behind the general pool's other uses; else on the general pool."""
 
     def __init__(self, state: WorkerState, connections: Connections, *,
                  on_fence: Callable[[], list[int]], on_unfence: Callable[[], None],
-                 ownership: OwnershipCheck | None = None) -> None:
+                 ownership: OwnershipCheck | None = None,
+                 lend: Lender | None = None) -> None:
         self._state = state
         self._settings = state.settings
         self._connections = connections
+        self._lend = lend
         self._on_fence = on_fence
         self._on_unfence = on_unfence
         self._ownership = ownership
@@ -120,10 +131,20 @@ class LeaseKeeper:
         #: Set after the first heartbeat attempt, whether it worked or not.
         self.tried = asyncio.Event()
 
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if self._lend is not None:
+            async with self._lend() as lent:
+                if lent is not None:
+                    yield lent
+                    return
+        async with self._connections.connection() as conn:
+            yield conn
+
     async def register(self, *, first: bool) -> None:
         """Renew the lease (``first``: check the schema, then create the row)."""
         settings = self._settings
-        async with self._connections.connection() as conn:
+        async with self._connection() as conn:
             if first:
                 await check_schema(conn, settings.url)
             inserted, server_started = await heartbeat(

@@ -191,11 +191,12 @@ def default_connections(total_slots: int) -> int:
 
 
 def minimum_connections(listen: bool, plain: bool) -> int:
-    """The fewest a worker can run on: claims 1, the general pool 2 (a heartbeat must
-    not wait behind the other uses: with one, a worker was seen failing to renew its
-    lease while it shut down), LISTEN 1 (when listening), complete_tx of plain
-    (thread) tasks 1 (when it has such tasks)."""
-    return 3 + int(listen) + int(plain)
+    """The fewest a worker can run on: claims 1; listening, LISTEN 1 and the general
+    pool 1 (heartbeats borrow the LISTEN connection); not listening, the general pool
+    2 (a heartbeat must not wait behind the other uses: with one, a worker was seen
+    failing to renew its lease while it shut down); complete_tx of plain (thread)
+    tasks 1 (when it has such tasks). 3, or 4 with plain tasks."""
+    return 3 + int(plain)
 
 
 def _budget(connections: int | None, pool_size: int | None, total_slots: int, listen: bool,
@@ -213,8 +214,10 @@ def _budget(connections: int | None, pool_size: int | None, total_slots: int, li
     if connections is None:
         return max(default_connections(total_slots), least)
     if connections < least:
-        needs = ["claims 1", "outcomes and heartbeats 2"]
-        needs += ["LISTEN 1"] * listen + ["complete_tx of plain tasks 1"] * plain
+        needs = ["claims 1"]
+        needs += (["outcomes 1", "LISTEN and heartbeats 1"] if listen
+                  else ["outcomes and heartbeats 2"])
+        needs += ["complete_tx of plain tasks 1"] * plain
         raise ConfigurationError(
             f"connections must be at least {least} for this worker ({', '.join(needs)}), "
             f"got {connections}")

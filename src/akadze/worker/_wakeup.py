@@ -1,16 +1,9 @@
 """Wake-up: when a queue's claim loop looks again.
 
-Migration 0003 makes every statement that leaves jobs ``queued`` send
-``NOTIFY akadze_jobs, '<queue>'`` (delivered at commit); ``request_cancel`` sends
-``NOTIFY akadze_cancel, '<job id>'``. The :class:`Listener` turns them into calls
-of the worker's callbacks. It reconnects by itself; whenever it (re)connects it
-calls ``on_connected`` so the worker looks at every queue once, since
-notifications sent while nobody listened are lost.
-
-A notification is a hint, never an order: any role may ``NOTIFY`` on any channel.
-A queue's notification makes its claim loop claim (which takes only what the
-database holds as ready); a cancel notification makes the cancel watcher read the
-database's ``cancel_requested`` marks (:mod:`._cancellation`).
+Notifications come from the :class:`~._listener.Listener`: whenever it (re)connects
+the worker looks at every queue once, since notifications sent while nobody listened
+are lost. A queue's notification makes its claim loop claim, which takes only what
+the database holds as ready: a notification is a hint, never an order.
 
 :class:`Wakeup` holds each queue's reasons to look again: a notification, the
 polling timer (``poll_interval``, jittered; it keeps working without LISTEN,
@@ -50,22 +43,10 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import psycopg
-
-from .. import backoff
-from ._trouble import Trouble
-
-JOBS_CHANNEL = "akadze_jobs"
-CANCEL_CHANNEL = "akadze_cancel"
-
-#: How long the listener waits for a notification before checking its connection.
-PROBE_EVERY = 30.0
 #: Cap on a claim loop's wait after a notification, to batch a burst of enqueues.
 DEBOUNCE = 0.002
 #: The spread of the wake-ups of the workers of one queue, per live peer ...
@@ -112,87 +93,6 @@ def wake_delay(peers: int, draw: float, poll_interval: float) -> float:
         return 0.0
     window = min(SPREAD_PER_PEER * (peers - 1), SPREAD_MAX, poll_interval / 4)
     return max(0.0, min(draw, 1.0)) * window
-
-logger = logging.getLogger("akadze.worker")
-
-
-class Listener:
-    """LISTEN on a dedicated connection (``connect`` makes it), until cancelled."""
-
-    def __init__(
-        self,
-        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
-        *,
-        on_queue: Callable[[str], None],
-        on_cancel: Callable[[int], None],
-        on_connected: Callable[[], None],
-        trouble: Trouble,
-        on_lost: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._connect = connect
-        self._on_queue = on_queue
-        self._on_cancel = on_cancel
-        self._on_connected = on_connected
-        self._on_lost = on_lost
-        self._trouble = trouble
-        self.listening = False
-        #: Set after the first attempt to listen, whether it worked or not.
-        self.tried = asyncio.Event()
-        self.conn: psycopg.AsyncConnection[Any] | None = None
-
-    async def run(self) -> None:
-        """Listen until cancelled."""
-        where = "listening for notifications"
-        while True:
-            try:
-                await self._listen_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._lost()
-                delay = backoff.reconnect_delay(self._trouble.failures(where) + 1,
-                                                random.random())
-                self._trouble.failed(where, exc, delay)
-                self.tried.set()
-                await asyncio.sleep(delay)
-            finally:
-                self._lost()
-                self.conn = None
-
-    def _lost(self) -> None:
-        """Not listening any more: notifications may be missed from now on."""
-        if self.listening:
-            self.listening = False
-            self._on_lost()
-
-    async def _listen_once(self) -> None:
-        conn = await self._connect()
-        async with conn:
-            self.conn = conn
-            await conn.execute(f"LISTEN {JOBS_CHANNEL}")
-            await conn.execute(f"LISTEN {CANCEL_CHANNEL}")
-            self.listening = True
-            self._trouble.recovered("listening for notifications")
-            self.tried.set()
-            self._on_connected()
-            while True:
-                async for note in conn.notifies(timeout=PROBE_EVERY):
-                    self._dispatch(note.channel, note.payload)
-                # No notification for a while: make sure the connection is alive
-                # (a silently dropped connection would otherwise never notify).
-                await conn.execute("SELECT 1")
-
-    def _dispatch(self, channel: str, payload: str) -> None:
-        if channel == JOBS_CHANNEL:
-            self._on_queue(payload)
-        elif channel == CANCEL_CHANNEL:
-            try:
-                job_id = int(payload)
-            except ValueError:
-                logger.debug("ignored a malformed cancel notification %r", payload)
-                return
-            self._on_cancel(job_id)
-
 
 @dataclass(slots=True)
 class _Signals:

@@ -5,7 +5,7 @@ and call each other only through the callbacks wired here:
 
 - :class:`~._connections.Connections`: every database connection the worker has;
 - :class:`~._claims.ClaimLoop` (one per queue): claims into free slots, waits on
-  :class:`~._wakeup.Wakeup` (notifications from the :class:`~._wakeup.Listener`,
+  :class:`~._wakeup.Wakeup` (notifications from the :class:`~._listener.Listener`,
   the polling timer, known due times);
 - :class:`~._runner.Runner`: runs each claimed job (async on the loop, plain in
   a thread), decides its outcome, ends runs early when asked;
@@ -43,6 +43,7 @@ from ._connections import Connections
 from ._events import EventCallback
 from ._flusher import OutcomeFlusher
 from ._leases import CHECK_RUNS, LeaseKeeper
+from ._listener import Listener
 from ._maintenance import MaintenanceLoop
 from ._ownership import OwnershipCheck
 from ._progress import ProgressWriter
@@ -50,7 +51,7 @@ from ._runner import Runner, TaskRuntime
 from ._settings import build_settings
 from ._shutdown import shut_down
 from ._state import WorkerState, cancel_until_done
-from ._wakeup import Listener, Wakeup
+from ._wakeup import Wakeup
 
 logger = logging.getLogger("akadze.worker")
 
@@ -142,12 +143,18 @@ class Worker:
                               submit=self._flusher.submit)
         self._ownership = OwnershipCheck(state, lose=self._runner.lose)
         state.trouble.on_recovered = self._reconnected
-        self._leases = LeaseKeeper(state, owner, on_fence=self._give_back_all,
-                                   on_unfence=self._wake_all, ownership=self._ownership)
         self._listened = False
-        self._listener: Listener | None = None
         self._cancels = CancelWatcher(state, owner, cancel=self._cancel,
                                       listening=self._listening, holds=self._holds)
+        self._listener = Listener(
+            owner.listen_connection, on_queue=self._wakeup.notify,
+            on_cancel=self._cancels.requested, on_connected=self._on_listening,
+            trouble=state.trouble, on_lost=self._wakeup.retime_all,
+        ) if settings.listen else None
+        self._leases = LeaseKeeper(
+            state, owner, on_fence=self._give_back_all, on_unfence=self._wake_all,
+            ownership=self._ownership,
+            lend=self._listener.lent if self._listener is not None else None)
         self._claim_loops = {
             name: ClaimLoop(name, state, owner, self._wakeup,
                             start=self._runner.start, hand_back=self._runner.hand_back,
@@ -238,12 +245,7 @@ class Worker:
             self._spawn(self._progress.run(), "progress")
             if self._maintenance is not None:
                 self._spawn(self._maintenance.run(), "maintenance")
-            if self.listen:
-                self._listener = Listener(
-                    self._connections.listen_connection, on_queue=self._wakeup.notify,
-                    on_cancel=self._cancels.requested, on_connected=self._on_listening,
-                    trouble=state.trouble, on_lost=self._wakeup.retime_all,
-                )
+            if self._listener is not None:
                 self._spawn(self._listener.run(), "listener")
             for claims in self._claim_loops.values():
                 self._spawn(claims.run(), f"claims {claims.queue}")
