@@ -6,8 +6,9 @@
 -- keys here, and a claim that leaves out many blocked keys sends them twice.
 
 -- name: claim_begin
--- The claim's clock (the injected one, or the transaction's) and whether the
--- queue is paused; a paused queue is not touched at all.
+-- The claim's clock (the injected one, or the transaction's: the oracle takes no
+-- turn, so it has no claim_now, see claim_start) and whether the queue is paused;
+-- a paused queue is not touched at all.
 SELECT COALESCE(%(now)s::timestamptz, now()) AS now,
        EXISTS (SELECT 1 FROM akadze.queue_pauses WHERE queue = %(queue)s) AS paused
 
@@ -84,7 +85,7 @@ WITH guard AS MATERIALIZED (
                AND COALESCE(l.max_starts - (
                        SELECT count(*) FROM akadze.start_marks m
                        WHERE m.key = l.key
-                         AND m.started_at > COALESCE(%(now)s::timestamptz, now())
+                         AND m.started_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
                                             - l."window"), n.rows)
                    >= n.rows), true) AS ok
     FROM jsonb_each_text(%(need)b::jsonb) AS e(key, value)
@@ -101,10 +102,10 @@ picked AS (
       AND (SELECT ok FROM guard)
       AND (j.queue = %(queue)s
            AND j.state = 'queued'
-           AND j.run_at <= COALESCE(%(now)s::timestamptz, now())
+           AND j.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
            AND NOT j.cancel_requested
            AND (j.expires_at IS NULL
-                OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))) IS TRUE
+                OR j.expires_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()))) IS TRUE
     FOR UPDATE SKIP LOCKED
 ),
 taken AS (
@@ -116,7 +117,7 @@ taken AS (
         claim_token = akadze.new_claim_token(),
         attempt = j.attempt + 1,
         worker_id = %(worker_id)s,
-        started_at = COALESCE(%(now)s::timestamptz, now())
+        started_at = COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
     FROM picked
     WHERE j.id = picked.id
     RETURNING
@@ -124,7 +125,7 @@ taken AS (
 ),
 marked AS (
     INSERT INTO akadze.start_marks (key, started_at, job_id)
-    SELECT t.limit_key, COALESCE(%(now)s::timestamptz, now()), t.id
+    SELECT t.limit_key, COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()), t.id
     FROM taken t
     JOIN akadze.limits l ON l.key = t.limit_key
     WHERE l.max_starts IS NOT NULL
@@ -140,7 +141,7 @@ pruned AS (
     USING akadze.limits l
     WHERE m.key IN (SELECT t.limit_key FROM taken t)
       AND l.key = m.key
-      AND m.started_at <= COALESCE(%(now)s::timestamptz, now()) - l."window"
+      AND m.started_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()) - l."window"
                           - interval '5 minutes'
 )
 SELECT * FROM taken
@@ -256,7 +257,7 @@ WITH RECURSIVE guard AS (
     SELECT %(window)s::int = 0 OR (
         SELECT count(DISTINCT h.limit_key) + COALESCE(bool_or(h.limit_key IS NULL), false)::int
         FROM akadze.ready_window_parts(%(queue)s, 32768, now(), 0,
-                                       COALESCE(%(now)s::timestamptz, now()), '[]'::jsonb,
+                                       COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()), '[]'::jsonb,
                                        '[]'::jsonb, false, %(window)s::int, -1) h
     ) <= %(try)s AS ok
 ),
@@ -322,7 +323,7 @@ WITH candidates AS (
          WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.key
            AND c.priority = %(after_priority)s
            AND (c.run_at, c.id) > (%(after_run_at)s, %(after_id)s)
-           AND c.run_at <= COALESCE(%(now)s::timestamptz, now())
+           AND c.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
          -- limit_key first: a generic plan then reads jobs_ready_key_idx (it
          -- filtered the queue index by key otherwise)
          ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
@@ -332,7 +333,7 @@ WITH candidates AS (
          FROM akadze.jobs c
          WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.key
            AND c.priority < %(after_priority)s
-           AND c.run_at <= COALESCE(%(now)s::timestamptz, now())
+           AND c.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
          ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
          LIMIT %(per_group)s)
         LIMIT %(per_group)s
@@ -346,7 +347,7 @@ WITH candidates AS (
            AND c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key IS NULL
            AND c.priority = %(after_priority)s
            AND (c.run_at, c.id) > (%(after_run_at)s, %(after_id)s)
-           AND c.run_at <= COALESCE(%(now)s::timestamptz, now())
+           AND c.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
          -- limit_key first: the order of jobs_ready_key_idx, which the plan then
          -- reads (see claim_groups: IS NULL is no equality for the planner)
          ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
@@ -357,7 +358,7 @@ WITH candidates AS (
          WHERE %(null_group)s
            AND c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key IS NULL
            AND c.priority < %(after_priority)s
-           AND c.run_at <= COALESCE(%(now)s::timestamptz, now())
+           AND c.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
          ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
          LIMIT %(per_group)s)
         LIMIT %(per_group)s
@@ -495,11 +496,11 @@ WHERE j.full
 WITH candidates AS (
     SELECT d.id FROM akadze.jobs d
     WHERE d.queue = %(queue)s AND d.state = 'queued' AND d.cancel_requested
-      AND d.run_at <= COALESCE(%(now)s::timestamptz, now())
+      AND d.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
     UNION
     SELECT d.id FROM akadze.jobs d
     WHERE d.queue = %(queue)s AND d.state = 'queued' AND d.expires_at IS NOT NULL
-      AND d.expires_at <= COALESCE(%(now)s::timestamptz, now())
+      AND d.expires_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
 ),
 doomed AS (
     SELECT j.id
@@ -512,15 +513,15 @@ doomed AS (
         WHERE j.id = c.id
           AND (j.queue = %(queue)s
                AND j.state = 'queued'
-               AND j.run_at <= COALESCE(%(now)s::timestamptz, now())
+               AND j.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
                AND (j.cancel_requested
-                    OR j.expires_at <= COALESCE(%(now)s::timestamptz, now()))
+                    OR j.expires_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()))
                AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))) IS TRUE
         FOR UPDATE SKIP LOCKED
     ) j
 )
 UPDATE akadze.jobs j
-SET state = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz, now())
+SET state = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
 FROM doomed
 WHERE j.id = doomed.id
 RETURNING
@@ -569,6 +570,18 @@ RETURNING
 -- akadze.claim_locked: the limits rows this transaction holds (claim_lock),
 -- none yet.
 --
+-- akadze.claim_now: the claim's clock, read here once the turn is ours
+-- (clock_timestamp(), after the lock: the select list is evaluated once the FROM
+-- has taken it). Every statement of the claim reads it (COALESCE($now,
+-- claim_now, now())), the same in each, as now() would be. Not now(): that is the
+-- transaction's start, which came before the wait for the turn, so a claim that
+-- waited behind others would find a job enqueued meanwhile not yet due (its
+-- run_at is the enqueue's now(), later than that), come back without it, and the
+-- job would wait for a claim that began after it, at the back of the queue of
+-- claims (issue 16; tests/test_claim_turn_clock.py). The setting is local to the
+-- transaction ('' after it: nullif), so a statement run outside a claim, or with
+-- an injected clock ($now), never reads a stale one.
+--
 -- synchronous_commit for this transaction only (a worker's claims do not wait
 -- for the WAL flush unless durable_claims): set here, local to the transaction,
 -- rather than as a connection's startup option, which PgBouncer refuses. NULL
@@ -585,7 +598,8 @@ SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
        set_config('synchronous_commit',
                   coalesce(%(synchronous_commit)s::text,
                            current_setting('synchronous_commit')), true),
-       set_config('akadze.claim_locked', '{}', true)
+       set_config('akadze.claim_locked', '{}', true),
+       set_config('akadze.claim_now', clock_timestamp()::text, true)
 FROM (SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))) AS turn
 
 -- name: claim_plan_restore
@@ -612,7 +626,7 @@ SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
 )
 SELECT c.id, c.priority, c.run_at, c.limit_key,
        (SELECT NOT j.cancel_requested
-               AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
+               AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()))
                AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))
         FROM akadze.jobs j
         WHERE j.id = c.id) AS ready,
@@ -683,7 +697,7 @@ ORDER BY 2 DESC NULLS LAST, 3, 1
     SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited, c.scanned,
            (SELECT NOT j.cancel_requested
                    AND (j.expires_at IS NULL
-                        OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))
+                        OR j.expires_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()))
                    AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))
             FROM akadze.jobs j
             WHERE j.id = c.id) AS ready
@@ -739,7 +753,7 @@ ORDER BY 2 DESC NULLS LAST, 3, 1
            CASE WHEN l.max_starts IS NOT NULL THEN
                (SELECT count(*) FROM akadze.start_marks s
                 WHERE s.key = l.key
-                  AND s.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
+                  AND s.started_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()) - l."window")
            END AS starts,
            CASE WHEN NOT %(fair)s THEN NULL
                 WHEN m.limit_key IS NULL THEN
@@ -770,7 +784,7 @@ SELECT l.key, l.max_running,
        CASE WHEN l.max_starts IS NULL THEN 0
             ELSE (SELECT count(*) FROM akadze.start_marks m
                   WHERE m.key = l.key
-                    AND m.started_at > COALESCE(%(now)s::timestamptz, now()) - l."window")
+                    AND m.started_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()) - l."window")
        END AS starts
 FROM akadze.limits l
 -- IN (SELECT ..), not = ANY (..): a generic plan searches an array parameter
@@ -791,7 +805,7 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 -- says which part it came from (`limited`).
     SELECT * FROM akadze.ready_window_parts(
         %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
-        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, now()), %(skip_free)b::jsonb,
+        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()), %(skip_free)b::jsonb,
         %(skip_limited)b::jsonb, %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
 
 -- fragment: claim_window_early_stop
@@ -866,6 +880,6 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 -- (claim_window_judged).
     SELECT * FROM akadze.ready_window_judged(
         %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
-        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, now()), %(skip_free)b::jsonb,
+        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()), %(skip_free)b::jsonb,
         %(skip_limited)b::jsonb, %(remembered)b::jsonb, %(remembered_free)b::jsonb,
         %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
