@@ -85,7 +85,9 @@ WITH guard AS MATERIALIZED (
                AND COALESCE(l.max_starts - (
                        SELECT count(*) FROM akadze.start_marks m
                        WHERE m.key = l.key
-                         AND m.started_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+                         AND m.started_at > COALESCE(%(now)s::timestamptz,
+                                                     nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                                     now())
                                             - l."window"), n.rows)
                    >= n.rows), true) AS ok
     FROM jsonb_each_text(%(need)b::jsonb) AS e(key, value)
@@ -102,10 +104,14 @@ picked AS (
       AND (SELECT ok FROM guard)
       AND (j.queue = %(queue)s
            AND j.state = 'queued'
-           AND j.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+           AND j.run_at <= COALESCE(%(now)s::timestamptz,
+                                    nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                    now())
            AND NOT j.cancel_requested
            AND (j.expires_at IS NULL
-                OR j.expires_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()))) IS TRUE
+                OR j.expires_at > COALESCE(%(now)s::timestamptz,
+                                           nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                           now()))) IS TRUE
     FOR UPDATE SKIP LOCKED
 ),
 taken AS (
@@ -117,7 +123,9 @@ taken AS (
         claim_token = akadze.new_claim_token(),
         attempt = j.attempt + 1,
         worker_id = %(worker_id)s,
-        started_at = COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+        started_at = COALESCE(%(now)s::timestamptz,
+                              nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                              now())
     FROM picked
     WHERE j.id = picked.id
     RETURNING
@@ -125,7 +133,9 @@ taken AS (
 ),
 marked AS (
     INSERT INTO akadze.start_marks (key, started_at, job_id)
-    SELECT t.limit_key, COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()), t.id
+    SELECT t.limit_key, COALESCE(%(now)s::timestamptz,
+                                 nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                 now()), t.id
     FROM taken t
     JOIN akadze.limits l ON l.key = t.limit_key
     WHERE l.max_starts IS NOT NULL
@@ -141,7 +151,9 @@ pruned AS (
     USING akadze.limits l
     WHERE m.key IN (SELECT t.limit_key FROM taken t)
       AND l.key = m.key
-      AND m.started_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()) - l."window"
+      AND m.started_at <= COALESCE(%(now)s::timestamptz,
+                                   nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                   now()) - l."window"
                           - interval '5 minutes'
 )
 SELECT * FROM taken
@@ -257,7 +269,9 @@ WITH RECURSIVE guard AS (
     SELECT %(window)s::int = 0 OR (
         SELECT count(DISTINCT h.limit_key) + COALESCE(bool_or(h.limit_key IS NULL), false)::int
         FROM akadze.ready_window_parts(%(queue)s, 32768, now(), 0,
-                                       COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()), '[]'::jsonb,
+                                       COALESCE(%(now)s::timestamptz,
+                                                nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                                now()), '[]'::jsonb,
                                        '[]'::jsonb, false, %(window)s::int, -1) h
     ) <= %(try)s AS ok
 ),
@@ -323,7 +337,9 @@ WITH candidates AS (
          WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.key
            AND c.priority = %(after_priority)s
            AND (c.run_at, c.id) > (%(after_run_at)s, %(after_id)s)
-           AND c.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+           AND c.run_at <= COALESCE(%(now)s::timestamptz,
+                                    nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                    now())
          -- limit_key first: a generic plan then reads jobs_ready_key_idx (it
          -- filtered the queue index by key otherwise)
          ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
@@ -333,7 +349,9 @@ WITH candidates AS (
          FROM akadze.jobs c
          WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.key
            AND c.priority < %(after_priority)s
-           AND c.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+           AND c.run_at <= COALESCE(%(now)s::timestamptz,
+                                    nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                    now())
          ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
          LIMIT %(per_group)s)
         LIMIT %(per_group)s
@@ -347,7 +365,9 @@ WITH candidates AS (
            AND c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key IS NULL
            AND c.priority = %(after_priority)s
            AND (c.run_at, c.id) > (%(after_run_at)s, %(after_id)s)
-           AND c.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+           AND c.run_at <= COALESCE(%(now)s::timestamptz,
+                                    nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                    now())
          -- limit_key first: the order of jobs_ready_key_idx, which the plan then
          -- reads (see claim_groups: IS NULL is no equality for the planner)
          ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
@@ -358,7 +378,9 @@ WITH candidates AS (
          WHERE %(null_group)s
            AND c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key IS NULL
            AND c.priority < %(after_priority)s
-           AND c.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+           AND c.run_at <= COALESCE(%(now)s::timestamptz,
+                                    nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                    now())
          ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
          LIMIT %(per_group)s)
         LIMIT %(per_group)s
@@ -496,11 +518,15 @@ WHERE j.full
 WITH candidates AS (
     SELECT d.id FROM akadze.jobs d
     WHERE d.queue = %(queue)s AND d.state = 'queued' AND d.cancel_requested
-      AND d.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+      AND d.run_at <= COALESCE(%(now)s::timestamptz,
+                               nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                               now())
     UNION
     SELECT d.id FROM akadze.jobs d
     WHERE d.queue = %(queue)s AND d.state = 'queued' AND d.expires_at IS NOT NULL
-      AND d.expires_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+      AND d.expires_at <= COALESCE(%(now)s::timestamptz,
+                                   nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                   now())
 ),
 doomed AS (
     SELECT j.id
@@ -513,15 +539,21 @@ doomed AS (
         WHERE j.id = c.id
           AND (j.queue = %(queue)s
                AND j.state = 'queued'
-               AND j.run_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+               AND j.run_at <= COALESCE(%(now)s::timestamptz,
+                                        nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                        now())
                AND (j.cancel_requested
-                    OR j.expires_at <= COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()))
+                    OR j.expires_at <= COALESCE(%(now)s::timestamptz,
+                                                nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                                now()))
                AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))) IS TRUE
         FOR UPDATE SKIP LOCKED
     ) j
 )
 UPDATE akadze.jobs j
-SET state = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now())
+SET state = 'cancelled', finished_at = COALESCE(%(now)s::timestamptz,
+                                                nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                                now())
 FROM doomed
 WHERE j.id = doomed.id
 RETURNING
@@ -626,7 +658,9 @@ SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
 )
 SELECT c.id, c.priority, c.run_at, c.limit_key,
        (SELECT NOT j.cancel_requested
-               AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()))
+               AND (j.expires_at IS NULL OR j.expires_at > COALESCE(%(now)s::timestamptz,
+                                                                    nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                                                    now()))
                AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))
         FROM akadze.jobs j
         WHERE j.id = c.id) AS ready,
@@ -697,7 +731,9 @@ ORDER BY 2 DESC NULLS LAST, 3, 1
     SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited, c.scanned,
            (SELECT NOT j.cancel_requested
                    AND (j.expires_at IS NULL
-                        OR j.expires_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()))
+                        OR j.expires_at > COALESCE(%(now)s::timestamptz,
+                                                   nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                                   now()))
                    AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))
             FROM akadze.jobs j
             WHERE j.id = c.id) AS ready
@@ -753,7 +789,9 @@ ORDER BY 2 DESC NULLS LAST, 3, 1
            CASE WHEN l.max_starts IS NOT NULL THEN
                (SELECT count(*) FROM akadze.start_marks s
                 WHERE s.key = l.key
-                  AND s.started_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()) - l."window")
+                  AND s.started_at > COALESCE(%(now)s::timestamptz,
+                                              nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                              now()) - l."window")
            END AS starts,
            CASE WHEN NOT %(fair)s THEN NULL
                 WHEN m.limit_key IS NULL THEN
@@ -784,7 +822,9 @@ SELECT l.key, l.max_running,
        CASE WHEN l.max_starts IS NULL THEN 0
             ELSE (SELECT count(*) FROM akadze.start_marks m
                   WHERE m.key = l.key
-                    AND m.started_at > COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()) - l."window")
+                    AND m.started_at > COALESCE(%(now)s::timestamptz,
+                                                nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                                now()) - l."window")
        END AS starts
 FROM akadze.limits l
 -- IN (SELECT ..), not = ANY (..): a generic plan searches an array parameter
@@ -805,7 +845,9 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 -- says which part it came from (`limited`).
     SELECT * FROM akadze.ready_window_parts(
         %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
-        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()), %(skip_free)b::jsonb,
+        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz,
+                                       nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                       now()), %(skip_free)b::jsonb,
         %(skip_limited)b::jsonb, %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
 
 -- fragment: claim_window_early_stop
@@ -880,6 +922,8 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 -- (claim_window_judged).
     SELECT * FROM akadze.ready_window_judged(
         %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
-        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz, nullif(current_setting('akadze.claim_now', true), '')::timestamptz, now()), %(skip_free)b::jsonb,
+        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz,
+                                       nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                       now()), %(skip_free)b::jsonb,
         %(skip_limited)b::jsonb, %(remembered)b::jsonb, %(remembered_free)b::jsonb,
         %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
