@@ -9,9 +9,9 @@ import time
 from typing import Any
 
 import click
+import psycopg
 
 from ..app import Akadze
-from ..database import connect
 from ..worker import Worker
 from . import queries
 
@@ -38,14 +38,20 @@ def one(conn: Any, name: str) -> tuple[Any, ...]:
 
 
 async def run_until_done(url: str, slots: int, poll: float, total: int) -> None:
-    """A worker in this process until ``total`` jobs succeeded."""
+    """A worker in this process until ``total`` jobs succeeded. The count is read on
+    an async connection, every 0.1 s: a blocking read in the worker's own event loop
+    would stall the worker being measured."""
     async with Worker(app(url), slots=slots, poll_interval=poll, lease=60) as worker:
-        with connect(url) as conn:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             deadline = time.monotonic() + max(60.0, total / 10)
-            while one(conn, "limits_busy_done")[0] < total:
+            while True:
+                cur = await conn.execute(queries.get("limits_busy_done"))
+                row = await cur.fetchone()
+                if row is not None and row[0] >= total:
+                    break
                 if time.monotonic() > deadline:
                     raise click.ClickException(f"{total} jobs did not finish in time")
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.1)
         await worker.wait_idle()
 
 
