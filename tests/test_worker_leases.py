@@ -9,9 +9,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from worker_support import Events, eventually, insert_job, job, wait_event, wait_state
 
 from akadze import Akadze, Worker, current
+from akadze.worker._leases import HEARTBEAT_SPREAD, renew_in
 
 
 def dead_worker(conn: psycopg.Connection[Any], worker_id: str = "dead") -> None:
@@ -147,3 +150,12 @@ async def test_the_heartbeat_row_lives_while_the_worker_runs(
         assert row[0] == ["default", "other"] and float(row[1]) == 2.0
         assert worker.worker_id == "w-1"
     assert conn.execute("SELECT count(*) FROM akadze.workers").fetchone() == (0,)
+
+
+@given(interval=st.floats(0.01, 3600), draw=st.floats(0, 1, exclude_max=True))
+def test_heartbeats_are_spread_but_never_late(interval: float, draw: float) -> None:
+    delay = renew_in(interval, draw)
+    assert interval * (1 - HEARTBEAT_SPREAD) - 1e-9 <= delay <= interval
+    # Workers drawing differently renew at different moments.
+    spread = renew_in(interval, 0.0) - renew_in(interval, 0.5)
+    assert spread >= interval * HEARTBEAT_SPREAD / 2 - 1e-9
