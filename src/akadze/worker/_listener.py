@@ -75,7 +75,7 @@ class Listener:
         self._lending = asyncio.Lock()
         #: The running wait for notifications (a task, so a lender can interrupt it).
         self._receiving: asyncio.Task[None] | None = None
-        #: How many times the connection was lent (for tests and events).
+        #: How many times the connection was lent (public state, for tests).
         self.lent_count = 0
 
     async def run(self) -> None:
