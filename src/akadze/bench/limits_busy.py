@@ -51,14 +51,14 @@ def _reset(url: str) -> None:
         conn.execute(queries.get("limits_busy_reset"))
 
 
-def one_key(url: str, jobs: int, seconds: float, poll: float) -> float:
+def one_key(url: str, jobs: int, seconds: float, poll: float, hand_off: bool = True) -> float:
     """Seconds to drain ``jobs`` jobs of one key with max_running 2, 10 slots."""
     _reset(url)
     with connect(url) as conn:
         set_limit_sync(conn, "one0", max_running=2)
     _insert(url, count=jobs, keys=1, prefix="one", seconds=seconds)
     began = time.perf_counter()
-    asyncio.run(run_until_done(url, 10, poll, jobs))
+    asyncio.run(run_until_done(url, 10, poll, jobs, hand_off))
     took = time.perf_counter() - began
     with connect(url) as conn:
         drain = one(conn, "limits_busy_drain")[0]
@@ -74,14 +74,14 @@ class KeysUse:
 
 
 def many_keys(url: str, keys: int, per_key: int, seconds: float, processes: int,
-              slots: int, poll: float) -> KeysUse:
+              slots: int, poll: float, hand_off: bool = True) -> KeysUse:
     _reset(url)
     with connect(url) as conn:
         for number in range(keys):
             set_limit_sync(conn, f"k{number}", max_running=2)
     total = keys * per_key
     spawn = multiprocessing.get_context("spawn")
-    workers = [spawn.Process(target=child, args=(url, slots, poll, total))
+    workers = [spawn.Process(target=child, args=(url, slots, poll, total, hand_off))
                for _ in range(processes)]
     for process in workers:
         process.start()
@@ -115,12 +115,12 @@ class Rate:
     seconds: float
 
 
-def start_rate(url: str, jobs: int, poll: float) -> Rate:
+def start_rate(url: str, jobs: int, poll: float, hand_off: bool = True) -> Rate:
     _reset(url)
     with connect(url) as conn:
         set_limit_sync(conn, "rate0", max_starts=10, window=timedelta(seconds=1))
     _insert(url, count=jobs, keys=1, prefix="rate", seconds=0.0)
-    asyncio.run(run_until_done(url, 20, poll, jobs))
+    asyncio.run(run_until_done(url, 20, poll, jobs, hand_off))
     with connect(url) as conn:
         starts = [float(str(row[0])) for row in conn.execute(queries.get("limits_busy_starts"))]
     span = starts[-1] - starts[0]
@@ -178,10 +178,13 @@ def write_report(path: Path, host: dict[str, str], rows: list[tuple[str, ...]],
               multiple=True, help="Run only these scenarios (repeatable).")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Markdown report here.")
+@click.option("--hand-off/--no-hand-off", default=True, show_default=True,
+              help="Whether the workers hand a limited key's freed slot to its next job.")
 @database_url_option
 def command(runs: int, jobs: int, seconds: float, keys: int, per_key: int,
             key_seconds: float, processes: int, slots: int, rate_jobs: int, poll: float,
-            only: tuple[str, ...], report: Path | None, database_url: str | None) -> None:
+            only: tuple[str, ...], report: Path | None, hand_off: bool,
+            database_url: str | None) -> None:
     """Whether a key at its limit uses its room as soon as it has some."""
     url = resolve(database_url)
     chosen = set(only or ("one-key", "many-keys", "start-rate"))
@@ -191,14 +194,14 @@ def command(runs: int, jobs: int, seconds: float, keys: int, per_key: int,
         with connect(scratch) as conn:
             host = host_details(conn)
         if "one-key" in chosen:
-            drains = [one_key(scratch, jobs, seconds, poll) for _ in range(runs)]
+            drains = [one_key(scratch, jobs, seconds, poll, hand_off) for _ in range(runs)]
             click.echo("one key: " + ", ".join(f"{d:.2f} s" for d in drains))
             rows.append((f"one key: {jobs} jobs of {seconds:g} s, max_running 2, 10 slots",
                          f"{_median(drains):.2f} s drain", "<= 2.3 s",
                          ", ".join(f"{d:.2f}" for d in drains)))
         if "many-keys" in chosen:
-            uses = [many_keys(scratch, keys, per_key, key_seconds, processes, slots, poll)
-                    for _ in range(runs)]
+            uses = [many_keys(scratch, keys, per_key, key_seconds, processes, slots, poll,
+                              hand_off) for _ in range(runs)]
             for use in uses:
                 click.echo(f"many keys: mean use {use.mean:.1%}, lowest {use.lowest:.1%}, "
                            f"{use.keys} keys, drained in {use.seconds:.2f} s")
@@ -210,7 +213,7 @@ def command(runs: int, jobs: int, seconds: float, keys: int, per_key: int,
                          ", ".join(f"{u.mean:.1%}/{u.lowest:.1%}/{u.seconds:.2f} s"
                                    for u in uses)))
         if "start-rate" in chosen:
-            rates = [start_rate(scratch, rate_jobs, poll) for _ in range(runs)]
+            rates = [start_rate(scratch, rate_jobs, poll, hand_off) for _ in range(runs)]
             click.echo("start rate: " + ", ".join(f"{r.per_second:.2f}/s" for r in rates))
             rows.append((f"start rate: {rate_jobs} jobs, max_starts 10 per 1 s, 20 slots",
                          f"{_median([r.per_second for r in rates]):.2f} starts/s", ">= 10",

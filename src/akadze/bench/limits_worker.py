@@ -37,11 +37,13 @@ def one(conn: Any, name: str) -> tuple[Any, ...]:
     return tuple(row)
 
 
-async def run_until_done(url: str, slots: int, poll: float, total: int) -> None:
+async def run_until_done(url: str, slots: int, poll: float, total: int,
+                         hand_off: bool = True) -> None:
     """A worker in this process until ``total`` jobs succeeded. The count is read on
     an async connection, every 0.1 s: a blocking read in the worker's own event loop
     would stall the worker being measured."""
-    async with Worker(app(url), slots=slots, poll_interval=poll, lease=60) as worker:
+    async with Worker(app(url), slots=slots, poll_interval=poll, lease=60,
+                      hand_off=hand_off) as worker:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             deadline = time.monotonic() + max(60.0, total / 10)
             while True:
@@ -56,6 +58,6 @@ async def run_until_done(url: str, slots: int, poll: float, total: int) -> None:
 
 
 
-def child(url: str, slots: int, poll: float, total: int) -> None:
+def child(url: str, slots: int, poll: float, total: int, hand_off: bool = True) -> None:
     """A worker process of the many-keys scenario."""
-    asyncio.run(run_until_done(url, slots, poll, total))
+    asyncio.run(run_until_done(url, slots, poll, total, hand_off))

@@ -44,6 +44,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
               help="Seconds a heartbeat keeps this worker alive for the others.")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=10.0,
               show_default=True, help="Seconds running jobs get to finish on SIGINT/SIGTERM.")
+@click.option("--no-hand-off", "no_hand_off", is_flag=True,
+              help="A run of a key with max_running that ends leaves its slot to the next "
+                   "claim instead of starting the key's next job itself.")
 @click.option("--durable-claims", is_flag=True,
               help="Claims wait for their WAL flush (default: asynchronous commit).")
 @click.option("--worker-id", default=None, help="Name of this worker (default: host:pid:random).")
@@ -53,8 +56,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def command(
     app_reference: str, queues: tuple[str, ...], slots: int, fair: bool, no_listen: bool,
     transaction_pooling: bool, listen_url: str | None, connections: int | None,
-    poll_interval: float, lease: float, shutdown_timeout: float, durable_claims: bool,
-    worker_id: str | None, log_level: str, database_url: str | None,
+    poll_interval: float, lease: float, shutdown_timeout: float, no_hand_off: bool,
+    durable_claims: bool, worker_id: str | None, log_level: str, database_url: str | None,
 ) -> None:
     """Run a worker for the app MODULE:APP (or PATH.py:APP) until SIGINT or SIGTERM.
 
@@ -72,7 +75,7 @@ def command(
         poll_interval=poll_interval, lease=lease, shutdown_timeout=shutdown_timeout,
         worker_id=worker_id, database_url=url, connections=connections,
         listen_url=listen, transaction_pooling=transaction_pooling,
-        durable_claims=durable_claims,
+        durable_claims=durable_claims, hand_off=not no_hand_off,
     )
     log_to_stderr(log_level.upper(), LOG_FORMAT)
     # The pool's own warnings repeat at every reconnect attempt, over two lines; the

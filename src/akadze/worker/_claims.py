@@ -61,6 +61,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 
 from psycopg.types.json import Jsonb
 
@@ -112,6 +113,7 @@ class ClaimLoop:
         cancel_unstarted: HandBack,
         backlogged: Callable[[], bool],
         known: Callable[[], set[int]],
+        quiet: Callable[[], AbstractAsyncContextManager[object]] = nullcontext,
     ) -> None:
         self.queue = queue
         self._state = state
@@ -124,6 +126,7 @@ class ClaimLoop:
         self._cancel_unstarted = cancel_unstarted
         self._backlogged = backlogged
         self._known = known
+        self._quiet = quiet  # held while reconciling: no hand-off starts jobs meanwhile
         self._last_claim = 0.0  # loop time
         self._suspect = False  # a claim failed: its commit may have gone through unseen
         #: Claimed, not started yet, in claim order (dicts keep insertion order).
@@ -132,13 +135,17 @@ class ClaimLoop:
         self._claim_time: float | None = None
         self._keyed = False  # the last claim returned jobs with a limit key
         self._eager_since: float | None = None  # loop time: room to claim since then
+        #: The keys the last claim of the queue left without room (what a hand-off
+        #: may step over, :mod:`._handoffs`).
+        self.blocked: tuple[str, ...] = ()
 
     # -- what the worker sees -------------------------------------------------------------
 
     @property
     def free(self) -> int:
         """Slots that nothing runs in and no buffered job waits for."""
-        return max(0, self._settings.slots - self._slots.busy - len(self._buffer))
+        slots = self._slots
+        return max(0, self._settings.slots - slots.busy - slots.reserved - len(self._buffer))
 
     @property
     def ahead(self) -> int:
@@ -184,6 +191,28 @@ class ClaimLoop:
         jobs, _ = await self._claim(free)
         return jobs
 
+    def take_handed(self, jobs: list[ClaimedJob]) -> None:
+        """Jobs a hand-off started for this queue (:mod:`._handoffs`): like claimed
+        ones, into the buffer and the free slots; handed straight back during a
+        stop or while fenced."""
+        state = self._state
+        if state.stopping or state.fenced:
+            for job in jobs:
+                self._hand_back(job)
+            return
+        for job in jobs:
+            self._buffer[job.id] = job
+        events = state.events
+        if jobs and events.wanted:
+            events.emit("claimed", queue=self.queue, job_ids=[job.id for job in jobs],
+                        detail="hand_off")
+        self._fill()
+
+    def suspect(self) -> None:
+        """Something may have started jobs for this worker unseen (a hand-off whose
+        reply was lost): reconcile before the next claim."""
+        self._suspect = True
+
     def hand_over(self, jobs: list[ClaimedJob]) -> None:
         """Start ``jobs`` (just claimed) at once, and say so (``drain``)."""
         for job in jobs:
@@ -202,8 +231,8 @@ class ClaimLoop:
                 worker_id=settings.worker_id, tasks=settings.task_names, app=settings.app,
                 now=settings.sql_now(), durable=self._connections.durable_claims,
             )
-            blocked = memory.get(conn, self.queue).blocked if len(jobs) < free else ()
-        return jobs, blocked
+            self.blocked = memory.get(conn, self.queue).blocked
+        return jobs, self.blocked if len(jobs) < free else ()
 
     async def _next_start(self, keys: tuple[str, ...]) -> float | None:
         """Seconds until the soonest start-rate window of ``keys`` opens (None: none
@@ -267,7 +296,9 @@ class ClaimLoop:
         self._state.events.emit("cut_back", queue=self.queue, job_ids=ids)
 
     def _room(self) -> int:
-        return self._settings.slots + self.ahead - self._slots.busy - len(self._buffer)
+        slots = self._slots
+        return (self._settings.slots + self.ahead - slots.busy - slots.reserved
+                - len(self._buffer))
 
     def _full(self) -> int:
         """The room a saturated queue waits for: all it may claim or, claiming far
@@ -470,14 +501,16 @@ class ClaimLoop:
 
         Runs in the queue's own loop, so no claim of this queue is in flight: a job
         of the queue running for this worker that is neither running here, buffered
-        nor waiting for its outcome to be written was claimed unseen."""
-        async with self._connections.connection() as conn:
+        nor waiting for its outcome to be written was claimed unseen (or started by
+        a hand-off whose reply was lost). No hand-off runs meanwhile (``quiet``): one
+        in flight would have started jobs that are nowhere here yet."""
+        async with self._connections.connection() as conn, self._quiet():
             cur = await conn.cursor(row_factory=job_rows).execute(
                 queries.get("worker_running_in_queue"),
                 {"worker_id": self._settings.worker_id, "queue": self.queue},
             )
             jobs = await cur.fetchall()
-        known = self._known() | set(self._buffer)
+            known = self._known() | set(self._buffer)
         for job in jobs:
             if job.id not in known:
                 logger.warning(

@@ -9,7 +9,10 @@ database refuses fails alone (``_refusals``): the rest of its batch is written.
 
 A write is three steps, kept apart so that a later writer (one that shares a
 round trip with the next claim) can take the same batch: :meth:`take` the batch,
-write it, then :meth:`written` (or keep it pending after a failure).
+write it, then :meth:`written` (or keep it pending after a failure). Right after a
+batch is written, on the same connection, the hand-offs (:mod:`._handoffs`) start
+the next jobs of the limited keys whose runs it ended; the slots those runs left
+stay reserved until then.
 """
 
 from __future__ import annotations
@@ -18,10 +21,15 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
 
 from .. import backoff, outcomes
+from ..jobs import ClaimedJob
 from ._connections import Connections
 from ._finishes import write
+from ._handoffs import HandOffs
 from ._refusals import write_splitting
 from ._state import WorkerState
 
@@ -39,14 +47,15 @@ class OutcomeFlusher:
     """Pending finishes and their writing."""
 
     def __init__(self, state: WorkerState, connections: Connections, *, on_due: OnDue,
-                 on_room: OnRoom | None = None) -> None:
+                 on_room: OnRoom | None = None, hand_offs: HandOffs | None = None) -> None:
         self._state = state
         self._connections = connections
+        self._hand_offs = hand_offs
+        self._write_lock = asyncio.Lock()
         self._on_due = on_due
         self._on_room = on_room
         self._pending: list[outcomes.Finish] = []
         self._wanted = asyncio.Event()
-        self._write_lock = asyncio.Lock()
         #: Jobs of the batch being written that failed instead of their outcome.
         self._failed_instead: set[int] = set()
 
@@ -54,6 +63,8 @@ class OutcomeFlusher:
 
     def submit(self, finish: outcomes.Finish) -> None:
         """Write ``finish`` with the next batch."""
+        if self._hand_offs is not None:
+            self._hand_offs.reserve(finish)
         self._pending.append(finish)
         self._wanted.set()
 
@@ -114,11 +125,28 @@ class OutcomeFlusher:
             return set()
         settings = self._state.settings
         hooks = settings.app.on_transition_hooks
-        async with self._connections.connection() as conn:
-            async def write_part(part: Sequence[outcomes.Finish]) -> set[int]:
-                return await write(conn, part, hooks=hooks, now=settings.sql_now())
+        hand_offs = self._hand_offs
+        started: list[ClaimedJob] = []
+        failed = True
+        try:
+            async with self._connections.connection() as conn:
+                async def write_part(part: Sequence[outcomes.Finish]) -> set[int]:
+                    taken: list[ClaimedJob] = []
+                    then = None
+                    if hand_offs is not None and hand_offs.wanted(part):
+                        async def then(conn: psycopg.AsyncConnection[Any]) -> None:
+                            taken.extend(await hand_offs.take_in(conn, part))
+                    accepted = await write(conn, part, hooks=hooks, now=settings.sql_now(),
+                                           then=then)
+                    started.extend(taken)  # committed: the write returned
+                    return accepted
 
-            accepted, replaced = await write_splitting(write_part, batch, settings.wall_now())
+                accepted, replaced = await write_splitting(write_part, batch,
+                                                           settings.wall_now())
+            failed = False
+        finally:
+            if hand_offs is not None:
+                hand_offs.settle(batch, started, failed=failed)
         for refused, instead in replaced:
             self._replaced(refused, instead, accepted)
         return accepted

@@ -49,6 +49,9 @@ class Settings:
     #: ``url`` goes through a pooler in transaction mode: no server-side prepared
     #: statements, and LISTEN only on ``listen_url``.
     transaction_pooling: bool = False
+    #: A run of a limited key that ends hands its slot to the key's next job
+    #: (:mod:`._handoffs`).
+    hand_off: bool = True
 
     @property
     def max_pending(self) -> int:
@@ -140,6 +143,7 @@ def build_settings(
     connections: int | None = None,
     listen_url: str | None = None,
     transaction_pooling: bool = False,
+    hand_off: bool = True,
 ) -> Settings:
     """The settings of ``Worker(app, ...)``; ConfigurationError naming what is wrong."""
     if not isinstance(app, Akadze):
@@ -182,6 +186,7 @@ def build_settings(
         on_event=on_event,
         listen_url=listen_url,
         transaction_pooling=bool(transaction_pooling),
+        hand_off=bool(hand_off),
     )
 
 

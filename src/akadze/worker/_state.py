@@ -41,13 +41,16 @@ class Run:
 
 class QueueSlots:
     """How many of a queue's slots are taken, and a signal when that may have
-    changed (or anything else that blocked claiming did)."""
+    changed (or anything else that blocked claiming did). ``reserved``: slots of
+    ended runs kept for a hand-off until their outcome write is over (the hand-off
+    keeper's, :mod:`._handoffs`); the claim loop does not claim for them."""
 
-    __slots__ = ("busy", "freed", "name")
+    __slots__ = ("busy", "freed", "name", "reserved")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.busy = 0
+        self.reserved = 0
         self.freed = asyncio.Event()
 
 

@@ -10,6 +10,8 @@ and call each other only through the callbacks wired here:
 - :class:`~._runner.Runner`: runs each claimed job (async on the loop, plain in
   a thread), decides its outcome, ends runs early when asked;
 - :class:`~._flusher.OutcomeFlusher`: writes outcomes in fenced batches;
+- :class:`~._handoffs.HandOffs`: after an outcome write, starts the next jobs of
+  the limited keys whose runs ended, in the slots they left;
 - :class:`~._leases.LeaseKeeper`: heartbeat and self-fencing;
 - :class:`~._ownership.OwnershipCheck`: after a lost connection, which runs lost
   their jobs (checked right after the lease is renewed);
@@ -42,6 +44,7 @@ from ._claims import ClaimLoop
 from ._connections import Connections
 from ._events import EventCallback
 from ._flusher import OutcomeFlusher
+from ._handoffs import HandOffs
 from ._leases import CHECK_RUNS, LeaseKeeper
 from ._listener import Listener
 from ._maintenance import MaintenanceLoop
@@ -79,7 +82,9 @@ class Worker:
     ``pool_size`` is the older name for the general pool alone). ``transaction_pooling``:
     ``database_url`` goes through a pooler in transaction mode (PgBouncer): no
     server-side prepared statements, and LISTEN only on ``listen_url`` (a direct URL),
-    polling without one.
+    polling without one. ``hand_off=False``: a run of a key with ``max_running`` that
+    ends leaves its slot to the next claim instead of starting the key's next job
+    itself (docs/explanation/limits.md, "Hand-offs").
 
     ``await worker.run()`` runs until :meth:`stop`; ``async with Worker(...)``
     runs it in the background and stops it cleanly on exit.
@@ -107,6 +112,7 @@ class Worker:
         connections: int | None = None,
         listen_url: str | None = None,
         transaction_pooling: bool = False,
+        hand_off: bool = True,
     ) -> None:
         settings = build_settings(
             app, queues=queues, slots=slots, fair=fair, lease=lease,
@@ -114,7 +120,7 @@ class Worker:
             worker_id=worker_id, clock=clock, database_url=database_url, tasks=tasks,
             maintenance=maintenance, pool_size=pool_size, durable_claims=durable_claims,
             on_event=on_event, connections=connections, listen_url=listen_url,
-            transaction_pooling=transaction_pooling,
+            transaction_pooling=transaction_pooling, hand_off=hand_off,
         )
         self.app = app
         self.queues = list(settings.queues)
@@ -136,8 +142,12 @@ class Worker:
         self._wakeup = Wakeup(settings.queues, poll_interval=settings.poll_interval,
                               rand=state.random, quiet_poll=settings.quiet_poll,
                               listening=self._listening)
+        self._hand_offs = HandOffs(
+            state, blocked=lambda queue: self._claim_loops[queue].blocked,
+            deliver=lambda queue, jobs: self._claim_loops[queue].take_handed(jobs),
+            suspect=lambda queue: self._claim_loops[queue].suspect())
         self._flusher = OutcomeFlusher(state, owner, on_due=self._wakeup.due_at,
-                                       on_room=self._key_room)
+                                       on_room=self._key_room, hand_offs=self._hand_offs)
         self._progress = ProgressWriter(state, owner)
         self._runner = Runner(state, TaskRuntime(state, owner, self._progress),
                               submit=self._flusher.submit)
@@ -159,7 +169,8 @@ class Worker:
             name: ClaimLoop(name, state, owner, self._wakeup,
                             start=self._runner.start, hand_back=self._runner.hand_back,
                             cancel_unstarted=self._runner.cancel_unstarted,
-                            backlogged=self._flusher.backlogged, known=self._known_jobs)
+                            backlogged=self._flusher.backlogged, known=self._known_jobs,
+                            quiet=lambda: self._hand_offs.quiet)
             for name in settings.queues
         }
         self._maintenance = MaintenanceLoop(state, owner) if maintenance else None

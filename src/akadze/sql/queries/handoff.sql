@@ -1,0 +1,178 @@
+-- Hand-offs (akadze.worker._handoffs): a run of a job whose key has max_running
+-- ends, and in the transaction that writes its outcome the slot it leaves goes
+-- straight to the next ready job of the same key, instead of waiting for the
+-- queue's next claim (which runs back to back with the others of its queue: tens
+-- of milliseconds away on a busy queue). The finish and the start commit
+-- together, so no claim ever sees the key with the room in between (and none
+-- races the hand-off for it). The limits protocol is the claim's
+-- (docs/explanation/claim.md, "Locks"): lock the key's limits row without waiting,
+-- then count its running jobs in a later statement, whose READ COMMITTED snapshot
+-- sees every commit made before the lock was granted. The transaction holds the
+-- finished runs' rows when it asks for the locks; that is safe because it never
+-- waits for them (SKIP LOCKED), and neither claims nor anything else waits for a
+-- running row while holding a limits row.
+--
+-- Both statements follow the finish in one pipeline (hand_off_lock,
+-- hand_off_take, COMMIT); hand_off_take learns which keys the lock got from the
+-- setting akadze.hand_off_locked, local to the transaction.
+
+-- name: hand_off_lock
+-- Lock, without waiting, the limits rows of the keys whose runs just ended here,
+-- for the keys limited by max_running alone (a start-rate key needs its start
+-- marks counted over the window: those keys wait for the next claim, as before).
+-- A row another claim holds is skipped: that claim counted the key before our
+-- outcome commit, and the notification of migration 0010 sends the next one.
+-- FOR NO KEY UPDATE, as claim_lock: an open transaction that queued a job of the
+-- key holds FOR KEY SHARE, which this does not wait for. One probe of limits_pkey
+-- per key (LATERAL), whatever the size of the limits table.
+WITH got AS MATERIALIZED (
+    SELECT mine.key
+    FROM unnest(%(keys)b::text[]) AS k(key)
+    CROSS JOIN LATERAL (
+        SELECT x.key FROM akadze.limits x
+        WHERE x.key = k.key AND x.max_running IS NOT NULL AND x.max_starts IS NULL
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) mine
+)
+SELECT set_config('akadze.hand_off_locked',
+                  COALESCE((SELECT jsonb_object_agg(g.key, true) FROM got g),
+                           '{}'::jsonb)::text,
+                  true) AS locked
+
+-- name: hand_off_take
+-- Start, for each (queue, key, slots) asked for whose key hand_off_lock got, up to
+-- `slots` ready jobs of the key in queue order, as many as the key has room for
+-- (max_running less its running jobs in every queue, counted here: this statement
+-- began after the lock was granted). The worker asks for one slot per run of the
+-- key that just ended there; with no room (the limit was lowered, or another
+-- worker's claim started a job of the key after our outcome commit) nothing starts.
+--
+-- A hand-off starts only what the queue's next claim would start in that slot
+-- (default order: the first eligible jobs in queue order), as far as a bounded
+-- look can tell:
+--   * only ready jobs (queued, due, not cancel-requested, not expired, of a task
+--     the worker runs, the queue not paused), checked on each row;
+--   * only a job J that no other queued job precedes in queue order, leaving out
+--     the jobs of the keys in `excluded`: the keys the worker's last claim of the
+--     queue left without room, and the keys handed off here. Such a job is not
+--     eligible, or became eligible after that claim (as if a claim of another
+--     worker ran meanwhile); any other job before J (a job of no key, of a key
+--     with room, of a higher priority, not due yet at a higher priority, of a task
+--     this worker does not run) makes the hand-off step aside for the next claim.
+--     The look reads the first entries of each ready index in queue order (`scan`:
+--     64 of jobs_ready_free_idx, whose keys are rarely excluded, and 1 024 of
+--     jobs_ready_limited_idx, where the entries of keys at their limit lie before
+--     the next job of the key handed off), never more: `stop` is the first of them
+--     that is not of an excluded key, or the last entry a part was read to (beyond
+--     it the look knows nothing), and J must come before `stop`. So a worker whose
+--     slots are all wanted (a job of another key with room waits) never hands a
+--     slot to a key with a deep backlog, and the cost is bounded whatever the queue
+--     holds (at most 1 088 index entries per queue and write, not per key).
+--
+-- A key's next jobs are read from jobs_ready_key_idx (equality on queue and
+-- limit_key, the index's order), at most `slots` + 16 entries, and checked there;
+-- a key whose first entries are not ready (cancel requests, other tasks) is left
+-- to the next claim. The rows are then locked through the primary key (= ANY of
+-- an array: an index condition whatever the statistics say) with every ready
+-- condition checked again on the newest version (FOR UPDATE SKIP LOCKED), and
+-- changed as claim_take changes them.
+WITH locked AS MATERIALIZED (
+    -- The keys hand_off_lock got (a jsonb object: `?` is a binary search), parsed
+    -- once: tested per row, the setting's text was parsed once per row.
+    SELECT COALESCE(NULLIF(current_setting('akadze.hand_off_locked', true), ''),
+                    '{}')::jsonb AS keys
+),
+asked AS MATERIALIZED (
+    SELECT a.queue, a.key, a.slots
+    FROM unnest(%(queues)b::text[], %(keys)b::text[], %(slots)b::int[])
+         AS a(queue, key, slots)
+    WHERE (SELECT k.keys FROM locked k) ? a.key
+      AND NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = a.queue)
+),
+stop AS MATERIALIZED (
+    -- Per queue, the first entry of each part that is not of an excluded key, or
+    -- the last one the look reads there; the earlier of the two. Each part's
+    -- entries stream in index order and the first match ends its scan.
+    SELECT q.queue, s.priority, s.run_at, s.id
+    FROM (SELECT DISTINCT a.queue FROM asked a) q
+    CROSS JOIN LATERAL (
+        SELECT e.priority, e.run_at, e.id
+        FROM ((SELECT f.priority, f.run_at, f.id
+               FROM (SELECT j.priority, j.run_at, j.id, j.limit_key,
+                            row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.id) AS n
+                     FROM (SELECT j.priority, j.run_at, j.id, j.limit_key FROM akadze.jobs j
+                           WHERE j.queue = q.queue AND j.state = 'queued' AND NOT j.limited
+                           ORDER BY j.priority DESC, j.run_at, j.id LIMIT 64) j) f
+               WHERE f.n = 64 OR f.limit_key IS NULL
+                  OR f.limit_key NOT IN (SELECT jsonb_array_elements_text(%(excluded)b::jsonb))
+               LIMIT 1)
+              UNION ALL
+              (SELECT f.priority, f.run_at, f.id
+               FROM (SELECT j.priority, j.run_at, j.id, j.limit_key,
+                            row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.id) AS n
+                     FROM (SELECT j.priority, j.run_at, j.id, j.limit_key FROM akadze.jobs j
+                           WHERE j.queue = q.queue AND j.state = 'queued' AND j.limited
+                           ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1024) j) f
+               WHERE f.n = 1024 OR f.limit_key IS NULL
+                  OR f.limit_key NOT IN (SELECT jsonb_array_elements_text(%(excluded)b::jsonb))
+               LIMIT 1)) e
+        ORDER BY e.priority DESC, e.run_at, e.id
+        LIMIT 1
+    ) s
+),
+room AS MATERIALIZED (
+    SELECT a.queue, a.key, st.priority AS stop_priority, st.run_at AS stop_run_at,
+           st.id AS stop_id,
+           GREATEST(0, LEAST(a.slots, l.max_running - (
+               SELECT count(*) FROM akadze.jobs r
+               WHERE r.state = 'running' AND r.limit_key = a.key))) AS n
+    FROM asked a
+    JOIN akadze.limits l ON l.key = a.key
+    LEFT JOIN stop st ON st.queue = a.queue
+),
+chosen AS (
+    SELECT c.id
+    FROM room rm
+    CROSS JOIN LATERAL (
+        SELECT e.id
+        FROM (SELECT j.id, j.priority, j.run_at
+              FROM akadze.jobs j
+              WHERE j.queue = rm.queue AND j.limit_key = rm.key AND j.state = 'queued'
+              ORDER BY j.priority DESC, j.run_at, j.id
+              LIMIT rm.n + 16) e
+        JOIN akadze.jobs h ON h.id = e.id
+        WHERE (rm.stop_id IS NULL
+               OR (-e.priority::int, e.run_at, e.id)
+                  < (-rm.stop_priority::int, rm.stop_run_at, rm.stop_id)) IS TRUE
+          AND (h.run_at <= COALESCE(%(now)s::timestamptz, now())
+               AND NOT h.cancel_requested
+               AND (h.expires_at IS NULL
+                    OR h.expires_at > COALESCE(%(now)s::timestamptz, now()))
+               AND (%(tasks)b::text[] IS NULL OR h.task = ANY (%(tasks)b::text[]))) IS TRUE
+        ORDER BY e.priority DESC, e.run_at, e.id
+        LIMIT rm.n
+    ) c
+    WHERE rm.n > 0
+),
+picked AS (
+    SELECT j.id
+    FROM akadze.jobs j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM chosen))
+      AND (j.state = 'queued'
+           AND j.run_at <= COALESCE(%(now)s::timestamptz, now())
+           AND NOT j.cancel_requested
+           AND (j.expires_at IS NULL
+                OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))) IS TRUE
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE akadze.jobs j
+SET state = 'running',
+    run_count = j.run_count + 1,
+    claim_token = akadze.new_claim_token(),
+    attempt = j.attempt + 1,
+    worker_id = %(worker_id)s,
+    started_at = COALESCE(%(now)s::timestamptz, now())
+FROM picked
+WHERE j.id = picked.id
+RETURNING
+-- include: job_columns
