@@ -53,12 +53,14 @@ SELECT set_config('akadze.hand_off_locked',
 --   * only ready jobs (queued, due, not cancel-requested, not expired, of a task
 --     the worker runs, the queue not paused), checked on each row;
 --   * only a job J that no other queued job precedes in queue order, leaving out
---     the jobs of the keys in `excluded`: the keys the worker's last claim of the
---     queue left without room, and the keys handed off here. Such a job is not
---     eligible, or became eligible after that claim (as if a claim of another
---     worker ran meanwhile); any other job before J (a job of no key, of a key
---     with room, of a higher priority, not due yet at a higher priority, of a task
---     this worker does not run) makes the hand-off step aside for the next claim.
+--     the jobs of keys without room: the keys in `excluded` (those the worker's
+--     last claim of the queue left without room, a hint that spares counting them,
+--     and the keys handed off here) and, in the limited part, any other key whose
+--     running jobs or starts are at its limit now. Such a job is not eligible, or
+--     became eligible a moment ago (as if a claim of another worker ran
+--     meanwhile); any other job before J (a job of no key, of a key with room, of
+--     a higher priority, not due yet at a higher priority, of a task this worker
+--     does not run) makes the hand-off step aside for the next claim.
 --     The look reads the first entries of each ready index in queue order (`scan`:
 --     64 of jobs_ready_free_idx, whose keys are rarely excluded, and 1 024 of
 --     jobs_ready_limited_idx, where the entries of keys at their limit lie before
@@ -114,7 +116,20 @@ stop AS MATERIALIZED (
                            WHERE j.queue = q.queue AND j.state = 'queued' AND j.limited
                            ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1024) j) f
                WHERE f.n = 1024 OR f.limit_key IS NULL
-                  OR f.limit_key NOT IN (SELECT jsonb_array_elements_text(%(excluded)b::jsonb))
+                  OR (f.limit_key NOT IN (SELECT jsonb_array_elements_text(%(excluded)b::jsonb))
+                      -- not left out, but without room now (counted without the
+                      -- key's lock: this decides the order only, never the limit)
+                      AND NOT EXISTS (
+                          SELECT 1 FROM akadze.limits l
+                          WHERE l.key = f.limit_key
+                            AND (l.max_running <= (
+                                     SELECT count(*) FROM akadze.jobs r
+                                     WHERE r.state = 'running' AND r.limit_key = l.key)
+                                 OR l.max_starts <= (
+                                     SELECT count(*) FROM akadze.start_marks m
+                                     WHERE m.key = l.key
+                                       AND m.started_at > COALESCE(%(now)s::timestamptz, now())
+                                                          - l."window"))))
                LIMIT 1)) e
         ORDER BY e.priority DESC, e.run_at, e.id
         LIMIT 1
