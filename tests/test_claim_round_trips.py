@@ -133,3 +133,21 @@ def test_a_stale_hint_costs_reads_not_the_result(conn: Conn, trips: list[int]) -
     got = claim(conn, queue="q", slots=3, now=NOW + timedelta(seconds=1))
     assert [job.limit_key for job in got] == ["new", "hot", None]
     assert trips[1] > 2  # the speculative read was dropped and read again
+
+
+def test_a_group_holding_the_head_costs_a_read_and_a_take(conn: Conn, trips: list[int]) -> None:
+    # "50 keys, one with a deep backlog": the first 900 jobs are one key's, then
+    # 49 keys take turns. Once the groups are remembered, a fair claim reads
+    # each group's head at once (the deep group's rows do not cut the others'
+    # short) and takes: two round trips, the first of them the claim's opening.
+    fill(conn, [("deep", 3000 - i) for i in range(900)]
+         + [(f"k{i % 49:02d}", 1000 - i) for i in range(100)])
+    for _ in range(3):
+        got = claim(conn, queue="q", slots=20, fair=True, now=NOW)
+        assert len({job.limit_key for job in got}) == 20
+        conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, attempt = 0, "
+                     "worker_id = NULL, started_at = NULL WHERE id = ANY(%s)",
+                     ([job.id for job in got],))
+    assert memory.get(conn, "q").groups is not None
+    assert trips[1:] == [2, 2]
+    assert SENT[1].count("claim_group_rows") == 1 and "claim_window" not in SENT[1]

@@ -323,20 +323,24 @@ SELECT (SELECT ok FROM guard) AS scanned,
        END AS null_busy
 
 -- name: claim_group_rows
--- The next `per_group` index entries after P of each listed group, through
--- jobs_ready_key_idx (queue, limit_key, priority DESC, run_at, id), where each
--- group's rows are contiguous and in queue order: a group's backlog costs
--- nothing to skip. The null group (null_group) has its own arm because
--- "limit_key = k" never matches a null key. Same `ready` column as claim_window.
+-- The next `per_group` index entries of each listed group after the group's
+-- own position (keys[i] after (from_priority[i], from_run_at[i],
+-- from_id[i]); the null group after P), through jobs_ready_key_idx (queue,
+-- limit_key, priority DESC, run_at, id), where each group's rows are contiguous
+-- and in queue order: a group's backlog costs nothing to skip. Each group is
+-- read from where its own read stopped, so a group read further than the
+-- others (one holding the head of the queue) is not read again. The null group
+-- (null_group) has its own arm because "limit_key = k" never matches a null
+-- key. Same `ready` column as claim_window.
 WITH candidates AS (
     SELECT c.*
-    FROM unnest(%(keys)b::text[]) AS g(key)
+    FROM unnest(%(keys)b::text[], %(from_priority)b::int[],
+                %(from_run_at)b::timestamptz[], %(from_id)b::bigint[]) AS g(key, p, r, i)
     CROSS JOIN LATERAL (
         (SELECT c.id, c.priority, c.run_at, c.limit_key
          FROM akadze.jobs c
          WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.key
-           AND c.priority = %(after_priority)s
-           AND (c.run_at, c.id) > (%(after_run_at)s, %(after_id)s)
+           AND c.priority = g.p AND (c.run_at, c.id) > (g.r, g.i)
            AND c.run_at <= COALESCE(%(now)s::timestamptz,
                                     nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
                                     now())
@@ -348,7 +352,7 @@ WITH candidates AS (
         (SELECT c.id, c.priority, c.run_at, c.limit_key
          FROM akadze.jobs c
          WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.key
-           AND c.priority < %(after_priority)s
+           AND c.priority < g.p
            AND c.run_at <= COALESCE(%(now)s::timestamptz,
                                     nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
                                     now())
