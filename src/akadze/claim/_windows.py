@@ -225,7 +225,8 @@ def _group_rows(request: Request, known: KeyState, reading: _Reading, window: in
     reading.group_reads += 1
     starts = [_after_params(_group_after(reading, key)) for key in keys]
     params = {
-        **request.params(), **_after_params(_group_after(reading, None)),
+        **request.params(),
+        **_after_params(_group_after(reading, None) if None in groups else None),
         **known.params(reading.excluded),
         "keys": keys, "null_group": None in groups, "per_group": per_group,
         "from_priority": [a["after_priority"] for a in starts],
@@ -371,56 +372,49 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
     return cancelled
 
 
-def _still_blocked(known: KeyState, keys: Sequence[str]) -> bool:
-    """Whether every remembered blocked key was counted without room again
-    (a key without a limits row any more, or with room, is not)."""
-    return all(known.room.get(k) == 0 for k in keys)
-
-
-def _start_with_groups(request: Request, known: KeyState, reading: _Reading) -> Opens:
+def _start_with_heads(request: Request, known: KeyState, reading: _Reading) -> Opens:
     """The first round trip of a claim that remembers the queue's groups (a
     skip scan listed them all last time): its opening, the remembered blocked
-    keys' state, the skip scan again, and, in the same round trip, the first
-    read of each remembered group but the blocked keys (claim_group_rows), as if
-    the scan had already answered. The read stands only if the hints held: the
-    scan found no group the read left out, and every key left out is still
-    without room. Otherwise its rows are dropped (the state they brought is
-    kept: it is the state) and the claim reads on from the head, knowing the
-    groups. Leaving a group out of a read per group costs nothing, so every
-    remembered blocked key is left out, however few (MEMORY_FROM is for
-    windows, which filter)."""
+    keys' state, and the first rows of every group of the queue but those keys,
+    found by a skip scan and read as the scan finds them (claim_group_heads: a
+    share of the first window each, at most ``slots``). The read stands if the
+    scan listed every group (fewer than GROUP_SCAN_BOUND keys): each group read
+    then has its reach, and the groups with no due row have nothing to read. A
+    remembered key that has room again was not read: it joins the groups with
+    nothing read yet (the planner asks for its rows). If the scan did not list
+    every group, the rows are dropped (the state they brought is kept: it is
+    the state) and the claim reads windows. Leaving a group out of a read per
+    group costs nothing, so every remembered blocked key is left out, however
+    few (MEMORY_FROM is for windows, which filter)."""
     hints = request.hints
     assert hints.groups is not None
     blocked = hints.blocked
-    reading.excluded = frozenset(blocked)
-    groups = hints.groups - reading.excluded
     window = planner.first_window(request.slots)
+    share = -(-window // max(1, len(hints.groups - frozenset(blocked))))
+    per_group = min(request.slots, share)
     statements = [*_opening(request)]
     if blocked:
         statements.append(_remembered(request, blocked))
-    statements.append(_groups(request, guarded=False))
-    per_group = 0
-    if groups:
-        read, per_group = _group_rows(request, known, reading, window, groups)
-        statements.append(read)
+    statements.append(prepared("claim_group_heads", {
+        **request.params(), **known.params(frozenset()), "bound": GROUP_SCAN_BOUND,
+        "per_group": per_group, "skip": key_list(blocked)}))
     replies = iter((yield Batch(tuple(statements))))
     cancelled = _opened(known, next(replies), next(replies))
     if blocked:
         learn_counts(known, blocked, (), next(replies))
-    _learn_groups(known, reading, next(replies)[0])
-    rows: list[Row] = next(replies, [])
-    held = (reading.universe is not None and reading.universe <= hints.groups
-            and _still_blocked(known, blocked))
-    if held:
-        reading.window = window
-        if groups:
-            _apply_group_rows(known, reading, rows, per_group, groups)
-        else:
-            reading.complete = True  # every group of the queue is blocked
+    rows: list[Row] = next(replies)
+    # The scan's row (id and key null, `scanned` set); none for a paused queue.
+    listed = next((r[11] for r in rows if r[0] is None and r[11] is not None), None)
+    if listed is None or listed >= GROUP_SCAN_BOUND:
+        _entries(rows, known)
+        reading.crowded = listed is not None
         return cancelled
-    _entries(rows, known)
-    reading.excluded = frozenset()
-    reading.group_reads = 0
+    read = frozenset(r[3] for r in rows if r[0] is not None)
+    reading.scanned_groups, reading.crowded = True, False
+    reading.universe = read | frozenset(blocked)
+    reading.excluded = frozenset(k for k in blocked if known.room.get(k) == 0)
+    reading.window, reading.group_reads = window, 1
+    _apply_group_rows(known, reading, rows, per_group, read)
     return cancelled
 
 
@@ -458,7 +452,7 @@ def windowed_steps(request: Request) -> Steps:
     if hints.groups is not None:
         # The last claim's skip scan listed every group: read each group's head
         # (each from its own position, planner.View.reach), checking the list.
-        cancelled = yield from _start_with_groups(request, known, reading)
+        cancelled = yield from _start_with_heads(request, known, reading)
         first = False
     elif len(hints.blocked) >= MEMORY_FROM:
         cancelled = yield from _start_with_state(request, known, reading, first_size)

@@ -399,6 +399,66 @@ WITH candidates AS (
 )
 -- include: claim_entries_with_state
 
+-- name: claim_group_heads
+-- The first `per_group` index entries of every group of the queue, found by
+-- the bounded skip scan of claim_groups (one probe per distinct key, up to
+-- `bound` keys) and read as each key is found, through jobs_ready_key_idx;
+-- then the null group's. A claim that remembers the queue's groups (a skip
+-- scan listed them all) sends it in its first round trip: one pass over the
+-- groups, where claim_groups and then claim_group_rows made two. The keys of
+-- `skip` (remembered keys without room, counted in the same round trip) are
+-- listed but not read. The scan's row (below) says how many keys it listed;
+-- `bound` of them or more, the list may be incomplete.
+WITH RECURSIVE found AS (
+    (SELECT k.limit_key FROM akadze.jobs k
+     WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key IS NOT NULL
+     ORDER BY k.limit_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT k.limit_key FROM akadze.jobs k
+            WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key > f.limit_key
+            ORDER BY k.limit_key LIMIT 1)
+    FROM found f
+    WHERE f.limit_key IS NOT NULL
+),
+listed AS (
+    SELECT limit_key FROM found WHERE limit_key IS NOT NULL LIMIT %(bound)s
+),
+candidates AS (
+    SELECT c.*
+    FROM listed g
+    CROSS JOIN LATERAL (
+        SELECT c.id, c.priority, c.run_at, c.limit_key
+        FROM akadze.jobs c
+        WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.limit_key
+          AND c.run_at <= COALESCE(%(now)s::timestamptz,
+                                   nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                   now())
+        -- limit_key first: the generic plan reads jobs_ready_key_idx
+        ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
+        LIMIT %(per_group)s) c
+    WHERE g.limit_key NOT IN (SELECT jsonb_array_elements_text(%(skip)b::jsonb))
+    UNION ALL
+    (SELECT c.id, c.priority, c.run_at, c.limit_key
+     FROM akadze.jobs c
+     WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key IS NULL
+       AND c.run_at <= COALESCE(%(now)s::timestamptz,
+                                nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                now())
+     -- the order of jobs_ready_key_idx (IS NULL is no equality: claim_groups)
+     ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
+     LIMIT %(per_group)s)
+)
+, kept AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key, NULL::boolean AS limited,
+           NULL::bigint AS scanned
+    FROM candidates c
+    UNION ALL
+    -- The scan's row: no entry (id null; its null key also brings the null
+    -- group's state), `scanned` the number of keys listed.
+    SELECT NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM listed)
+)
+-- include: claim_entries_with_state
+
 -- name: claim_lock_first
 -- The only lock of a claim that may wait. Used when claim_lock found every
 -- limited key it tried held by other claims while this claim holds no limits
