@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from claim_support import watch_steps
 
-from akadze.claim import claim, memory
+from akadze.claim import Hints, claim, memory
 from akadze.claim._steps import Batch, Statement
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -133,3 +133,36 @@ def test_a_stale_hint_costs_reads_not_the_result(conn: Conn, trips: list[int]) -
     got = claim(conn, queue="q", slots=3, now=NOW + timedelta(seconds=1))
     assert [job.limit_key for job in got] == ["new", "hot", None]
     assert trips[1] > 2  # the speculative read was dropped and read again
+
+
+def test_a_group_holding_the_head_costs_a_read_and_a_take(conn: Conn, trips: list[int]) -> None:
+    # "50 keys, one with a deep backlog": the first 900 jobs are one key's, then
+    # 49 keys take turns. Once the groups are remembered, a fair claim reads
+    # each group's head at once, as its skip scan finds it (the deep group's rows
+    # do not cut the others' short), and takes: two round trips.
+    fill(conn, [("deep", 3000 - i) for i in range(900)]
+         + [(f"k{i % 49:02d}", 1000 - i) for i in range(100)])
+    for _ in range(3):
+        got = claim(conn, queue="q", slots=20, fair=True, now=NOW)
+        assert len({job.limit_key for job in got}) == 20
+        conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, attempt = 0, "
+                     "worker_id = NULL, started_at = NULL WHERE id = ANY(%s)",
+                     ([job.id for job in got],))
+    assert memory.get(conn, "q").groups is not None
+    assert trips[1:] == [2, 2]
+    # one statement lists the groups and reads their heads
+    assert SENT[1] == ["claim_start", "claim_sweep", "claim_group_heads", "claim_take"]
+
+
+def test_a_group_read_to_its_end_is_not_read_again(conn: Conn) -> None:
+    # Read per group from the first round trip: the null group's one job ends it
+    # in the first read, k's first entries are of a task this worker does not
+    # run, so k is read again, the null group not.
+    conn.execute(
+        "INSERT INTO akadze.jobs (queue, task, limit_key, run_at) "
+        "SELECT 'q', CASE WHEN i <= 10 THEN 'other' ELSE 't' END, 'k', "
+        "%s - make_interval(secs => 100 - i) FROM generate_series(1, 15) i", (NOW,))
+    fill(conn, [(None, 10)])
+    memory.put(conn, "q", Hints(groups=frozenset({None, "k"})))
+    got = claim(conn, queue="q", slots=2, fair=True, now=NOW, tasks=["t"])
+    assert [job.limit_key for job in got] == ["k", None]

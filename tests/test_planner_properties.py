@@ -65,15 +65,17 @@ def oracle(rows: Sequence[Row], room: Mapping[str, int], busy: Mapping[Key, int]
 
 def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Key, int],
              slots: int, fair: bool, per_key_after: int | None,
-             first: int = 0) -> tuple[list[int], int]:
+             first: int = 0, share: int | None = None) -> tuple[list[int], int]:
     """Drive the planner like the claim shell does: windows over the index with
     exclusions; after ``per_key_after`` windows, a skip scan learns the groups and
-    reads go per group; ``first``: the first window's size hint. Returns (ids,
-    number of windows read)."""
+    reads go per group, each group after its own reach (``share`` rows of each,
+    or the shell's share of the window); ``first``: the first window's size
+    hint. Returns (ids, number of reads)."""
     index = sorted(entries, key=lambda e: e.row.position)
     rows: list[Row] = []
     pos: tuple[int, datetime, int] | None = None
-    boundary: int | None = None
+    reach: dict[Key, tuple[int, datetime, int] | None] = {}
+    group_reads = 0
     complete = False
     window = 0
     excluded: frozenset[Key] = frozenset()
@@ -84,7 +86,7 @@ def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Ke
     reads = 0
     cut_seen: list[Entry] = []  # every entry a window returned (ready or not)
     for _ in range(10_000):
-        view = View(slots=slots, fair=fair, rows=list(rows), boundary=boundary,
+        view = View(slots=slots, fair=fair, rows=list(rows), after=pos, reach=dict(reach),
                     complete=complete, window=window, excluded=excluded,
                     headroom=dict(known_room), unlimited=frozenset(unlimited),
                     busy=dict(known_busy), universe=universe, first=first)
@@ -115,18 +117,24 @@ def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Ke
                  and e.row.key not in excluded]
         if per_key_after is not None and reads > per_key_after:
             universe = frozenset(e.row.key for e in index)
-            per_group: dict[Key, list[Entry]] = {}
-            for e in after:
-                per_group.setdefault(e.row.key, []).append(e)
-            heads = [g[:window] for g in per_group.values()]
-            full = [h[-1].row.position for h in heads if len(h) == window]
-            if full:
-                edge = min(full)
-                got = sorted((e for h in heads for e in h if e.row.position <= edge),
-                             key=lambda e: e.row.position)
-            else:
-                got = sorted((e for h in heads for e in h), key=lambda e: e.row.position)
-                complete = True
+            groups = universe - excluded
+            per_group = share or (max if group_reads else min)(
+                slots, -(-window // max(1, len(groups))))
+            group_reads += 1
+            got = []
+            for group in groups:
+                assert reach.get(group, pos) is not None or group not in reach, \
+                    "a group read to its end is read again"
+                start = reach.get(group, pos)
+                mine = [e for e in index if e.row.key == group
+                        and (start is None or e.row.position > start)][:per_group]
+                reach[group] = mine[-1].row.position if len(mine) >= per_group else None
+                got.extend(mine)
+            complete = all(g in reach and reach[g] is None for g in universe - excluded)
+            cut_seen.extend(got)
+            rows.extend(e.row for e in got if e.ready)
+            rows.sort(key=lambda r: r.position)
+            continue
         else:
             scanned = after[:window]
             got = scanned
@@ -153,7 +161,6 @@ def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Ke
         cut_seen.extend(got)
         if got:
             pos = got[-1].row.position
-            boundary = got[-1].row.priority
         rows.extend(e.row for e in got if e.ready)
     raise AssertionError("the planner did not settle")
 
@@ -182,9 +189,10 @@ def queues(draw: st.DrawFn) -> tuple[list[Entry], dict[str, int], dict[Key, int]
 
 
 def check_planner(queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int,
-                  fair: bool, per_key_after: int | None, first: int = 0) -> None:
+                  fair: bool, per_key_after: int | None, first: int = 0,
+                  share: int | None = None) -> None:
     entries, room, busy = queue
-    got, _ = simulate(entries, room, busy, slots, fair, per_key_after, first)
+    got, _ = simulate(entries, room, busy, slots, fair, per_key_after, first, share)
     ready = [e.row for e in entries if e.ready]
     assert got == oracle(ready, room, busy, slots, fair)
 
@@ -195,6 +203,8 @@ CASES = {
     "fair": st.booleans(),
     "per_key_after": st.one_of(st.none(), st.integers(0, 3)),
     "first": st.sampled_from([0, 0, 1, 7, 40, 100_000]),
+    # rows per group and read (None: the shell's share of the window)
+    "share": st.sampled_from([None, None, 1, 2, 3]),
 }
 
 
@@ -205,9 +215,9 @@ CASES = {
 @given(**CASES)
 def test_planner_matches_the_oracle(
     queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int, fair: bool,
-    per_key_after: int | None, first: int,
+    per_key_after: int | None, first: int, share: int | None,
 ) -> None:
-    check_planner(queue, slots, fair, per_key_after, first)
+    check_planner(queue, slots, fair, per_key_after, first, share)
 
 
 @pytest.mark.slow
@@ -216,9 +226,9 @@ def test_planner_matches_the_oracle(
 @given(**CASES)
 def test_planner_matches_the_oracle_many(
     queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int, fair: bool,
-    per_key_after: int | None, first: int,
+    per_key_after: int | None, first: int, share: int | None,
 ) -> None:
-    check_planner(queue, slots, fair, per_key_after, first)
+    check_planner(queue, slots, fair, per_key_after, first, share)
 
 
 def test_head_window_settles_a_plain_queue() -> None:
@@ -262,3 +272,41 @@ def test_headroom_needs_a_policy() -> None:
 def test_first_window_is_four_times_the_slots() -> None:
     assert first_window(20) == 80
     assert first_window(10**6) == MAX_WINDOW
+
+
+def test_reads_per_group_settle_past_a_group_holding_the_head() -> None:
+    # One group holds the head of the queue, 49 others follow taking turns: read
+    # per group from the start (a worker that remembers the groups), each group's
+    # first two rows settle a fair claim of 20 in one read, though the deep
+    # group's second row comes before every other group's first.
+    entries = [Entry(Row(i, 0, T0 + timedelta(seconds=i), "deep"), True)
+               for i in range(1, 901)]
+    entries += [Entry(Row(i, 0, T0 + timedelta(seconds=i), f"k{i % 49}"), True)
+                for i in range(901, 1001)]
+    got, reads = simulate(entries, {}, {}, 20, True, 0)
+    ready = [e.row for e in entries]
+    assert got == oracle(ready, {}, {}, 20, True) and reads == 1
+    got, reads = simulate(entries, {}, {}, 20, False, 0)
+    assert got == oracle(ready, {}, {}, 20, False)
+
+
+def test_a_group_the_first_share_left_short_is_read_on_from_its_reach() -> None:
+    # Two idle groups among busy ones need more than the first share of rows.
+    entries = [Entry(Row(i, 0, T0 + timedelta(seconds=i), f"g{i % 10}"), True)
+               for i in range(1, 400)]
+    busy: dict[Key, int] = {f"g{i}": 9 for i in range(2, 10)}
+    got, reads = simulate(entries, {}, busy, 20, True, 0)
+    assert got == oracle([e.row for e in entries], {}, busy, 20, True) and reads == 2
+
+
+def test_a_group_read_less_far_may_still_beat_the_worst_planned_row_on_a_tie() -> None:
+    # Read 2 entries per group: a's second entry is not ready for us, so a's
+    # read stops at t3 with one row, b's at t5 with two. The worst planned row
+    # is b's second (turn 2, t5); a's next row has turn 2 too but comes earlier
+    # (t4), and wins.
+    def at(i: int, key: str, ready: bool = True) -> Entry:
+        return Entry(Row(i, 0, T0 + timedelta(seconds=i), key), ready)
+
+    entries = [at(1, "a"), at(2, "b"), at(3, "a", ready=False), at(4, "a"), at(5, "b")]
+    got, reads = simulate(entries, {}, {}, 3, True, 0, share=2)
+    assert got == [1, 2, 4] and reads == 2

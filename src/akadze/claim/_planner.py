@@ -15,9 +15,14 @@ planner answers one of:
 * :class:`Settled`: no unread row can change the result; take these ids;
 * :class:`ReadMore`: read the next window of this size, leaving out these keys.
 
-Why stopping is exact: every unread row lies after the boundary in queue order,
-so it can only beat a planned row by ranking before it, and the planner stops
-only when it can prove that no unread row does (see :func:`plan`).
+Reads per group (once a skip scan listed the queue's groups) extend each
+group's own prefix: what is read of a group is then every row of it up to its
+``reach`` (or all of it), whatever was read of the others.
+
+Why stopping is exact: every unread row of a group lies after that group's
+reach (the boundary, for a group not read per group) in queue order, so it can
+only beat a planned row by ranking before it, and the planner stops only when
+it can prove that no unread row does (see :func:`plan`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ __all__ = [
 
 # A group key: a limit_key, or None for the group of jobs without one.
 Key = str | None
+# Sort key of queue order: (-priority, run_at, id).
+Position = tuple[int, datetime, int]
 
 # Windows double up to this many rows; beyond it they stay this size.
 MAX_WINDOW = 8192
@@ -63,7 +70,7 @@ class Row(NamedTuple):
     key: Key
 
     @property
-    def position(self) -> tuple[int, datetime, int]:
+    def position(self) -> Position:
         """Sort key of queue order: priority DESC, run_at, id."""
         return (-self.priority, self.run_at, self.id)
 
@@ -95,9 +102,12 @@ def headroom(limit: Limit) -> int:
 class View:
     """What the claim knows.
 
-    ``rows``: the rows read, in queue order (ready rows only). ``boundary``: the
-    priority of the last index entry read (None: nothing read yet). ``complete``:
-    nothing is left unread (apart from excluded keys). ``excluded``: keys left
+    ``rows``: the rows read, in queue order (ready rows only). ``after``: the
+    position of the last index entry the windows read (None: none yet): every
+    entry up to it was read, but for the excluded keys. ``reach``: for the groups
+    read per group since, where each one's read stopped: every entry of the
+    group up to that position was read (None: every entry of the group was).
+    ``complete``: nothing is left unread (apart from excluded keys). ``excluded``: keys left
     out of the windows since some point; the planner only ever adds to it.
     ``headroom``: limited keys with their headroom (a key another claim holds
     has 0). ``unlimited``: keys known to have no limits row. ``busy``: fair
@@ -112,7 +122,8 @@ class View:
     slots: int
     fair: bool
     rows: Sequence[Row]
-    boundary: int | None = None
+    after: Position | None = None
+    reach: Mapping[Key, Position | None] = field(default_factory=dict)
     complete: bool = False
     window: int = 0
     excluded: frozenset[Key] = frozenset()
@@ -232,6 +243,21 @@ def prune(rows: Sequence[Row], room: Mapping[str, int], excluded: Collection[Key
     return kept
 
 
+def _done(view: View) -> set[Key]:
+    """Groups read per group to their last row: nothing of them is left unread."""
+    return {group for group, edge in view.reach.items() if edge is None}
+
+
+def _edge(view: View, group: Key) -> Position | None:
+    """Where the rows read of a group (not done) stop: its unread rows all come
+    after this position in queue order. None: nothing was read yet."""
+    return view.reach.get(group, view.after)
+
+
+def _groups_read(view: View) -> set[Key]:
+    return {row.key for row in view.rows} | set(view.universe or ()) | set(view.reach)
+
+
 def plan(view: View) -> Decision:
     """Decide what the claim does next (see the module docstring)."""
     if view.slots <= 0:
@@ -242,13 +268,30 @@ def plan(view: View) -> Decision:
     eligible, seen = _eligible(view)
     if view.fair:
         return _plan_fair(view, eligible, seen)
-    # Default order: the first `slots` eligible rows. Every unread row comes
-    # after every read row in queue order, so once `slots` eligible rows are
-    # read, nothing unread can take their place.
-    if len(eligible) >= view.slots or view.complete:
+    # Default order: the first `slots` eligible rows. Once `slots` eligible rows
+    # are read and every unread row comes after the last of them, nothing unread
+    # can take their place. Read by windows, every unread row comes after every
+    # read row; read per group, a group's unread rows come after its reach.
+    exhausted = _exhausted(view, seen)
+    if view.complete:
         return Settled(tuple(row.id for row in eligible[: view.slots]))
-    return ReadMore(_next_window(view), view.excluded | _exhausted(view, seen),
-                    need=view.slots - len(eligible))
+    stop = view.excluded | exhausted | _done(view)
+    if len(eligible) >= view.slots:
+        last = eligible[view.slots - 1].position
+        pending = False
+        behind: set[Key] = set()
+        for group in _groups_read(view) - stop:
+            edge = _edge(view, group)
+            if edge is not None and edge >= last:
+                behind.add(group)  # its unread rows all come after the last taken
+            else:
+                pending = True
+        if view.universe is None and (view.after is None or view.after < last):
+            pending = True  # groups never seen
+        if not pending:
+            return Settled(tuple(row.id for row in eligible[: view.slots]))
+        return ReadMore(_next_window(view), stop | behind)
+    return ReadMore(_next_window(view), stop, need=view.slots - len(eligible))
 
 
 def turns(rows: Iterable[Row], busy: Mapping[Key, int]) -> list[tuple[Row, int]]:
@@ -262,6 +305,24 @@ def turns(rows: Iterable[Row], busy: Mapping[Key, int]) -> list[tuple[Row, int]]
     return out
 
 
+def _beats(edge: Position | None, floor: int, last: Row, last_turn: int) -> bool:
+    """Whether a group's next eligible row may rank before ``last`` (the worst
+    planned row, of turn ``last_turn``): the row comes after ``edge`` in queue
+    order (None: anywhere), and if it is at ``last``'s priority its turn is at
+    least ``floor``."""
+    if edge is None:
+        return True
+    priority = -edge[0]
+    if priority != last.priority:
+        # Unread rows of the group have a priority <= the edge's: below the
+        # worst planned row's, they cannot beat it; above, they may.
+        return priority > last.priority
+    # At the worst planned row's priority p: an unread row u of the group beats
+    # it with a lower turn, or with the same turn and an earlier (run_at, id),
+    # which u after the edge can have only if the edge comes before it.
+    return floor < last_turn or (floor == last_turn and edge < last.position)
+
+
 def _plan_fair(view: View, eligible: list[Row], seen: Counter[str]) -> Decision:
     turned = turns(eligible, view.busy)
     # Sort key of fair order: priority DESC, turn, run_at, id (a plain tuple:
@@ -271,7 +332,7 @@ def _plan_fair(view: View, eligible: list[Row], seen: Counter[str]) -> Decision:
     take = tuple(row.id for row, _ in chosen)
     if view.complete:
         return Settled(take)
-    exhausted = _exhausted(view, seen)
+    stop = view.excluded | _exhausted(view, seen) | _done(view)
     window = _next_window(view)
     # The early stop costs the window statement two probes per group it meets
     # (limits row, running jobs), so it is asked for only where a window is
@@ -283,31 +344,25 @@ def _plan_fair(view: View, eligible: list[Row], seen: Counter[str]) -> Decision:
     if len(chosen) < view.slots:
         # Any eligible unread row would join the claim: read on, leaving out
         # only the keys that have no eligible row left.
-        return ReadMore(window, view.excluded | exhausted, need)
+        return ReadMore(window, stop, need)
     last_row, last_turn = chosen[-1]
-    boundary = view.boundary
-    if boundary is None or last_row.priority > boundary:
-        # Unread rows all have a lower priority than the worst planned row.
-        return Settled(take)
-    # The worst planned row is at the boundary priority p. An unread row u at p
-    # comes after it in (run_at, id), so u takes its place only with a turn
-    # strictly below last_turn; unread rows below p cannot. A group's next
-    # eligible row at p has turn >= busy + (its eligible rows read at p) + 1.
-    at_boundary: Counter[Key] = Counter(row.key for row in eligible if row.priority == boundary)
-    groups_read = {row.key for row in view.rows}
+    # The worst planned row c is at priority p with turn T. An unread row of a
+    # group comes after the group's edge (where its rows read stop); at p, its
+    # turn is at least busy + (the group's eligible rows read at p) + 1. A group
+    # none of whose unread rows can beat c never can: c only improves.
+    at_p: Counter[Key] = Counter(row.key for row in eligible
+                                 if row.priority == last_row.priority)
     hopeless: set[Key] = set()
     settled = True
-    for group in groups_read | (view.universe or frozenset()):
-        if group in view.excluded or group in exhausted:
-            continue
-        floor = view.busy.get(group, 0) + at_boundary[group] + 1
-        if floor >= last_turn:
-            hopeless.add(group)
-        else:
+    for group in _groups_read(view) - stop:
+        floor = view.busy.get(group, 0) + at_p[group] + 1
+        if _beats(_edge(view, group), floor, last_row, last_turn):
             settled = False
-    if view.universe is None and last_turn > 1:
+        else:
+            hopeless.add(group)
+    if view.universe is None and _beats(view.after, 1, last_row, last_turn):
         # Groups never seen: busy >= 0, so their next turn may be as low as 1.
         settled = False
     if settled:
         return Settled(take)
-    return ReadMore(window, view.excluded | exhausted | hopeless, need)
+    return ReadMore(window, stop | hopeless, need)

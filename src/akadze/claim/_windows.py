@@ -93,7 +93,12 @@ class _Reading:
     """Where a windowed read has got to (reset when a claim plans again)."""
 
     rows: list[planner.Row]
+    # Windows: the last entry read (every entry up to it was, but for the
+    # excluded keys).
     after: Position | None = None
+    # Reads per group: where each group's read stopped (None: at its last row);
+    # planner.View.reach.
+    reach: dict[str | None, Position | None] = field(default_factory=dict)
     complete: bool = False
     window: int = 0
     excluded: frozenset[str | None] = frozenset()
@@ -201,44 +206,60 @@ def _read_groups(
         return
     statement, per_group = _group_rows(request, known, reading, window, groups)
     rows = yield statement
-    _apply_group_rows(known, reading, rows, per_group)
+    _apply_group_rows(known, reading, rows, per_group, groups)
 
 
 def _group_rows(request: Request, known: KeyState, reading: _Reading, window: int,
                 groups: frozenset[str | None]) -> tuple[Statement, int]:
     """The read of the next rows of each of ``groups`` (claim_group_rows), and
-    how many it asks of each."""
+    how many it asks of each. Each group is read after its own reach, or after
+    the windows' last entry if it was not read per group yet."""
     keys = sorted(k for k in groups if k is not None)
     # Each group gets a share of the window. No group can place more than
     # `slots` rows in the claim, so the first read asks for at most that many
     # (one group holding the queue: `slots` rows, not the whole window); later
-    # reads (rows that were not ready for us) for at least that many.
+    # reads (rows that were not ready for us, or groups that need more rows) for
+    # at least that many.
     share = -(-window // max(1, len(groups)))
     per_group = (max if reading.group_reads else min)(request.slots, share)
     reading.group_reads += 1
+    starts = [_after_params(_group_after(reading, key)) for key in keys]
     params = {
-        **request.params(), **_after_params(reading.after), **known.params(reading.excluded),
+        **request.params(),
+        **_after_params(_group_after(reading, None) if None in groups else None),
+        **known.params(reading.excluded),
         "keys": keys, "null_group": None in groups, "per_group": per_group,
+        "from_priority": [a["after_priority"] for a in starts],
+        "from_run_at": [a["after_run_at"] for a in starts],
+        "from_id": [a["after_id"] for a in starts],
     }
     return prepared("claim_group_rows", params), per_group
 
 
-def _apply_group_rows(known: KeyState, reading: _Reading, rows: list[Row], per_group: int) -> None:
+def _group_after(reading: _Reading, group: str | None) -> Position | None:
+    after = reading.reach.get(group, reading.after)
+    assert after is not None or group not in reading.reach, "a group read to its end again"
+    return after
+
+
+def _apply_group_rows(known: KeyState, reading: _Reading, rows: list[Row], per_group: int,
+                      groups: frozenset[str | None]) -> None:
+    """Each group read returned at most per_group entries after its own start:
+    every entry of it is now read up to its last one returned (its reach,
+    planner.View.reach), or to its end if it returned fewer."""
     entries = _entries(rows, known)
-    # Each group returned at most per_group entries. Up to the earliest last
-    # entry of a group that returned per_group of them, nothing was left unread
-    # (of the groups read); past it, that group may have more rows.
     counts: Counter[str | None] = Counter(e.key for e, _ in entries)
-    last: dict[str | None, Position] = {}
-    for entry, _ in entries:
-        last[entry.key] = entry.position
-    full = [last[g] for g, n in counts.items() if n >= per_group]
-    if full:
-        edge = min(full)
-        entries = [(e, ready) for e, ready in entries if e.position <= edge]
-    else:
-        reading.complete = True
-    _advance(reading, entries)
+    last = {entry.key: entry.position for entry, _ in entries}
+    for group in groups:
+        reading.reach[group] = last[group] if counts[group] >= per_group else None
+    reading.complete = all(g in reading.reach and reading.reach[g] is None
+                           for g in (reading.universe or groups) - reading.excluded)
+    added = [e for e, ready in entries if ready]
+    if added:
+        # In queue order (the planner's rows are): a group read further than
+        # the others before may have rows after those read now.
+        reading.rows.extend(added)
+        reading.rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
 
 
 def _advance(reading: _Reading, entries: list[tuple[planner.Row, bool]]) -> None:
@@ -351,69 +372,49 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
     return cancelled
 
 
-def _still_blocked(known: KeyState, keys: Sequence[str]) -> bool:
-    """Whether every remembered blocked key was counted without room again
-    (a key without a limits row any more, or with room, is not)."""
-    return all(known.room.get(k) == 0 for k in keys)
-
-
-def _reads_groups_first(request: Request) -> bool:
-    """Whether the claim's first read is one per remembered group: when the
-    first window could give each group not left out ``slots`` rows. With more
-    groups each would get only a few rows, and a group holding the head of the
-    queue would cut the read short there (:func:`_apply_group_rows`) where a
-    window shows at once how far ahead of the others it is."""
-    groups = request.hints.groups
-    if groups is None:
-        return False
-    rest = groups - frozenset(request.hints.blocked)
-    return len(rest) * request.slots <= planner.first_window(request.slots)
-
-
-def _start_with_groups(request: Request, known: KeyState, reading: _Reading) -> Opens:
+def _start_with_heads(request: Request, known: KeyState, reading: _Reading) -> Opens:
     """The first round trip of a claim that remembers the queue's groups (a
     skip scan listed them all last time): its opening, the remembered blocked
-    keys' state, the skip scan again, and, in the same round trip, the first
-    read of each remembered group but the blocked keys (claim_group_rows), as if
-    the scan had already answered. The read stands only if the hints held: the
-    scan found no group the read left out, and every key left out is still
-    without room. Otherwise its rows are dropped (the state they brought is
-    kept: it is the state) and the claim reads on from the head, knowing the
-    groups. Leaving a group out of a read per group costs nothing, so every
-    remembered blocked key is left out, however few (MEMORY_FROM is for
-    windows, which filter)."""
+    keys' state, and the first rows of every group of the queue but those keys,
+    found by a skip scan and read as the scan finds them (claim_group_heads: a
+    share of the first window each, at most ``slots``). The read stands if the
+    scan listed every group (fewer than GROUP_SCAN_BOUND keys): each group read
+    then has its reach, and the groups with no due row have nothing to read. A
+    remembered key that has room again was not read: it joins the groups with
+    nothing read yet (the planner asks for its rows). If the scan did not list
+    every group, the rows are dropped (the state they brought is kept: it is
+    the state) and the claim reads windows. Leaving a group out of a read per
+    group costs nothing, so every remembered blocked key is left out, however
+    few (MEMORY_FROM is for windows, which filter)."""
     hints = request.hints
     assert hints.groups is not None
     blocked = hints.blocked
-    reading.excluded = frozenset(blocked)
-    groups = hints.groups - reading.excluded
     window = planner.first_window(request.slots)
+    share = -(-window // max(1, len(hints.groups - frozenset(blocked))))
+    per_group = min(request.slots, share)
     statements = [*_opening(request)]
     if blocked:
         statements.append(_remembered(request, blocked))
-    statements.append(_groups(request, guarded=False))
-    per_group = 0
-    if groups:
-        read, per_group = _group_rows(request, known, reading, window, groups)
-        statements.append(read)
+    statements.append(prepared("claim_group_heads", {
+        **request.params(), **known.params(frozenset()), "bound": GROUP_SCAN_BOUND,
+        "per_group": per_group, "skip": key_list(blocked)}))
     replies = iter((yield Batch(tuple(statements))))
     cancelled = _opened(known, next(replies), next(replies))
     if blocked:
         learn_counts(known, blocked, (), next(replies))
-    _learn_groups(known, reading, next(replies)[0])
-    rows: list[Row] = next(replies, [])
-    held = (reading.universe is not None and reading.universe <= hints.groups
-            and _still_blocked(known, blocked))
-    if held:
-        reading.window = window
-        if groups:
-            _apply_group_rows(known, reading, rows, per_group)
-        else:
-            reading.complete = True  # every group of the queue is blocked
+    rows: list[Row] = next(replies)
+    # The scan's row (id and key null, `scanned` set); none for a paused queue.
+    listed = next((r[11] for r in rows if r[0] is None and r[11] is not None), None)
+    if listed is None or listed >= GROUP_SCAN_BOUND:
+        _entries(rows, known)
+        reading.crowded = listed is not None
         return cancelled
-    _entries(rows, known)
-    reading.excluded = frozenset()
-    reading.group_reads = 0
+    read = frozenset(r[3] for r in rows if r[0] is not None)
+    reading.scanned_groups, reading.crowded = True, False
+    reading.universe = read | frozenset(blocked)
+    reading.excluded = frozenset(k for k in blocked if known.room.get(k) == 0)
+    reading.window, reading.group_reads = window, 1
+    _apply_group_rows(known, reading, rows, per_group, read)
     return cancelled
 
 
@@ -448,8 +449,10 @@ def windowed_steps(request: Request) -> Steps:
     # was 20 % slower than 1x on "200 of 400 groups busy"; a fair queue whose
     # claims need 20 rows read 40 instead of 80, 15 % faster ("5% urgent").
     first_size = min(hints.read + request.slots, READ_HINT_MAX) if hints.read else 0
-    if _reads_groups_first(request):
-        cancelled = yield from _start_with_groups(request, known, reading)
+    if hints.groups is not None:
+        # The last claim's skip scan listed every group: read each group's head
+        # (each from its own position, planner.View.reach), checking the list.
+        cancelled = yield from _start_with_heads(request, known, reading)
         first = False
     elif len(hints.blocked) >= MEMORY_FROM:
         cancelled = yield from _start_with_state(request, known, reading, first_size)
@@ -464,8 +467,8 @@ def windowed_steps(request: Request) -> Steps:
         while True:
             view = planner.View(
                 slots=slots, fair=request.fair, rows=reading.rows,
-                boundary=-reading.after[0] if reading.after else None,
-                complete=reading.complete, window=reading.window,
+                after=reading.after, reach=reading.reach, complete=reading.complete,
+                window=reading.window,
                 excluded=reading.excluded, headroom=known.room,
                 unlimited=known.unlimited, busy=known.busy, universe=reading.universe,
                 skip=skip, first=first_size,
@@ -567,11 +570,7 @@ def _needed(reading: _Reading, planned: set[int]) -> int:
     """How many of the rows read come up to the last planned one (the rows read
     are in queue order). Not how many were read: a window larger than the
     claim needed must not make the next one as large."""
-    last = 0
-    for number, row in enumerate(reading.rows, 1):
-        if row.id in planned:
-            last = number
-    return last
+    return max((n for n, row in enumerate(reading.rows, 1) if row.id in planned), default=0)
 
 
 def _again(reading: _Reading) -> _Reading:

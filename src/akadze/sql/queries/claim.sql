@@ -323,20 +323,24 @@ SELECT (SELECT ok FROM guard) AS scanned,
        END AS null_busy
 
 -- name: claim_group_rows
--- The next `per_group` index entries after P of each listed group, through
--- jobs_ready_key_idx (queue, limit_key, priority DESC, run_at, id), where each
--- group's rows are contiguous and in queue order: a group's backlog costs
--- nothing to skip. The null group (null_group) has its own arm because
--- "limit_key = k" never matches a null key. Same `ready` column as claim_window.
+-- The next `per_group` index entries of each listed group after the group's
+-- own position (keys[i] after (from_priority[i], from_run_at[i],
+-- from_id[i]); the null group after P), through jobs_ready_key_idx (queue,
+-- limit_key, priority DESC, run_at, id), where each group's rows are contiguous
+-- and in queue order: a group's backlog costs nothing to skip. Each group is
+-- read from where its own read stopped, so a group read further than the
+-- others (one holding the head of the queue) is not read again. The null group
+-- (null_group) has its own arm because "limit_key = k" never matches a null
+-- key. Same `ready` column as claim_window.
 WITH candidates AS (
     SELECT c.*
-    FROM unnest(%(keys)b::text[]) AS g(key)
+    FROM unnest(%(keys)b::text[], %(from_priority)b::int[],
+                %(from_run_at)b::timestamptz[], %(from_id)b::bigint[]) AS g(key, p, r, i)
     CROSS JOIN LATERAL (
         (SELECT c.id, c.priority, c.run_at, c.limit_key
          FROM akadze.jobs c
          WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.key
-           AND c.priority = %(after_priority)s
-           AND (c.run_at, c.id) > (%(after_run_at)s, %(after_id)s)
+           AND c.priority = g.p AND (c.run_at, c.id) > (g.r, g.i)
            AND c.run_at <= COALESCE(%(now)s::timestamptz,
                                     nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
                                     now())
@@ -348,7 +352,7 @@ WITH candidates AS (
         (SELECT c.id, c.priority, c.run_at, c.limit_key
          FROM akadze.jobs c
          WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.key
-           AND c.priority < %(after_priority)s
+           AND c.priority < g.p
            AND c.run_at <= COALESCE(%(now)s::timestamptz,
                                     nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
                                     now())
@@ -392,6 +396,66 @@ WITH candidates AS (
     SELECT c.id, c.priority, c.run_at, c.limit_key, NULL::boolean AS limited,
            NULL::bigint AS scanned
     FROM candidates c
+)
+-- include: claim_entries_with_state
+
+-- name: claim_group_heads
+-- The first `per_group` index entries of every group of the queue, found by
+-- the bounded skip scan of claim_groups (one probe per distinct key, up to
+-- `bound` keys) and read as each key is found, through jobs_ready_key_idx;
+-- then the null group's. A claim that remembers the queue's groups (a skip
+-- scan listed them all) sends it in its first round trip: one pass over the
+-- groups, where claim_groups and then claim_group_rows made two. The keys of
+-- `skip` (remembered keys without room, counted in the same round trip) are
+-- listed but not read. The scan's row (below) says how many keys it listed;
+-- `bound` of them or more, the list may be incomplete.
+WITH RECURSIVE found AS (
+    (SELECT k.limit_key FROM akadze.jobs k
+     WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key IS NOT NULL
+     ORDER BY k.limit_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT k.limit_key FROM akadze.jobs k
+            WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key > f.limit_key
+            ORDER BY k.limit_key LIMIT 1)
+    FROM found f
+    WHERE f.limit_key IS NOT NULL
+),
+listed AS (
+    SELECT limit_key FROM found WHERE limit_key IS NOT NULL LIMIT %(bound)s
+),
+candidates AS (
+    SELECT c.*
+    FROM listed g
+    CROSS JOIN LATERAL (
+        SELECT c.id, c.priority, c.run_at, c.limit_key
+        FROM akadze.jobs c
+        WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key = g.limit_key
+          AND c.run_at <= COALESCE(%(now)s::timestamptz,
+                                   nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                   now())
+        -- limit_key first: the generic plan reads jobs_ready_key_idx
+        ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
+        LIMIT %(per_group)s) c
+    WHERE g.limit_key NOT IN (SELECT jsonb_array_elements_text(%(skip)b::jsonb))
+    UNION ALL
+    (SELECT c.id, c.priority, c.run_at, c.limit_key
+     FROM akadze.jobs c
+     WHERE c.queue = %(queue)s AND c.state = 'queued' AND c.limit_key IS NULL
+       AND c.run_at <= COALESCE(%(now)s::timestamptz,
+                                nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                now())
+     -- the order of jobs_ready_key_idx (IS NULL is no equality: claim_groups)
+     ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
+     LIMIT %(per_group)s)
+)
+, kept AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key, NULL::boolean AS limited,
+           NULL::bigint AS scanned
+    FROM candidates c
+    UNION ALL
+    -- The scan's row: no entry (id null; its null key also brings the null
+    -- group's state), `scanned` the number of keys listed.
+    SELECT NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM listed)
 )
 -- include: claim_entries_with_state
 
