@@ -80,6 +80,9 @@ async def test_omitted_fields_keep_their_values_and_none_clears(aconn: AConn, co
         ({"max_starts": 5, "window": timedelta(seconds=-1)}, "window"),
         ({"max_starts": 5, "window": float("nan")}, "window"),
         ({"max_starts": 5, "window": "10s"}, "window"),
+        # past MAX_WINDOW, counting starts reaches before PostgreSQL's first year
+        ({"max_starts": 5, "window": 212662991090}, "window must be at most 3660 days"),
+        ({"max_starts": 5, "window": timedelta(days=3_661)}, "window"),
         ({}, "max_running"),
         ({"max_running": None}, "max_running"),
     ],
@@ -90,6 +93,12 @@ async def test_bad_settings_raise_and_write_nothing(
     with pytest.raises(LimitError, match=field):
         await set_limit(aconn, "acme", **kwargs)
     assert _rows(conn) == []
+
+
+async def test_the_longest_window_is_kept_and_listed(aconn: AConn, conn: Conn) -> None:
+    await set_limit(aconn, "acme", max_starts=1, window=timedelta(days=3_660))
+    assert _rows(conn) == [("acme", None, 1, timedelta(days=3_660))]
+    assert [s.window for s in await list_limits(aconn)] == [timedelta(days=3_660)]
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,12 @@ def _check_count(field: str, value: object, minimum: int) -> int | _Keep | None:
     return value
 
 
+#: The longest start-rate window: counting starts over a longer one reaches back past
+#: the first year PostgreSQL's timestamps can hold (a window of 6 700 years was
+#: stored, and every claim and listing of the key then failed).
+MAX_WINDOW = timedelta(days=3_660)
+
+
 def check_window(value: object) -> timedelta | _Keep | None:
     """A window as a timedelta: given as a timedelta or a number of seconds."""
     if value is KEEP or value is None:
@@ -112,6 +118,8 @@ def check_window(value: object) -> timedelta | _Keep | None:
         )
     if window <= timedelta(0):
         raise LimitError(f"window must be positive, got {window}")
+    if window > MAX_WINDOW:
+        raise LimitError(f"window must be at most {MAX_WINDOW.days} days, got {window}")
     return window
 
 
