@@ -116,16 +116,7 @@ picked AS (
 ),
 taken AS (
     UPDATE akadze.jobs j
-    SET state = 'running',
-        run_count = j.run_count + 1,
-        -- the run's fencing token: random, so that a crash or a failover that undid
-        -- this commit cannot make the next claim hand out the same one (0007)
-        claim_token = akadze.new_claim_token(),
-        attempt = j.attempt + 1,
-        worker_id = %(worker_id)s,
-        started_at = COALESCE(%(now)s::timestamptz,
-                              nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
-                              now())
+-- include: run_start
     FROM picked
     WHERE j.id = picked.id
     RETURNING

@@ -181,12 +181,7 @@ picked AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE akadze.jobs j
-SET state = 'running',
-    run_count = j.run_count + 1,
-    claim_token = akadze.new_claim_token(),
-    attempt = j.attempt + 1,
-    worker_id = %(worker_id)s,
-    started_at = COALESCE(%(now)s::timestamptz, now())
+-- include: run_start
 FROM picked
 WHERE j.id = picked.id
 RETURNING

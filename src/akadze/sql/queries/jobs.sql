@@ -18,6 +18,21 @@ j.id, j.queue, j.task, j.args::text AS args, j.priority, j.run_at, j.limit_key,
 j.run_count, j.attempt, j.max_attempts, j.meta::text AS meta, j.unique_key,
 j.expires_at, j.worker_id, j.started_at, j.claim_token
 
+-- fragment: run_start
+-- The change that starts a run of a job (claim_take, and hand_off_take, whose
+-- transaction has no claim_now: it takes now()). The SET list of an UPDATE of
+-- akadze.jobs j.
+SET state = 'running',
+    run_count = j.run_count + 1,
+    -- the run's fencing token: random, so that a crash or a failover that undid
+    -- this commit cannot make the next claim hand out the same one (0007)
+    claim_token = akadze.new_claim_token(),
+    attempt = j.attempt + 1,
+    worker_id = %(worker_id)s,
+    started_at = COALESCE(%(now)s::timestamptz,
+                          nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                          now())
+
 -- fragment: job_summary_columns
 -- A JobSummary, read by name: the job as stored but the three columns that can be
 -- large (args, result and errors: megabytes each, up to the ceilings of migration
