@@ -9,10 +9,10 @@ database refuses fails alone (``_refusals``): the rest of its batch is written.
 
 A write is three steps, kept apart so that a later writer (one that shares a
 round trip with the next claim) can take the same batch: :meth:`take` the batch,
-write it, then :meth:`written` (or keep it pending after a failure). Right after a
-batch is written, on the same connection, the hand-offs (:mod:`._handoffs`) start
-the next jobs of the limited keys whose runs it ended; the slots those runs left
-stay reserved until then.
+write it, then :meth:`written` (or keep it pending after a failure). In the
+transaction that writes a batch, the hand-offs (:mod:`._handoffs`) start the next
+jobs of the limited keys whose runs it ended; the slots those runs left stay
+reserved until the write is over.
 """
 
 from __future__ import annotations

@@ -6,33 +6,35 @@ written, the claim in flight (if any) ends, and the next one, sent after, starts
 the key's next job; on a queue whose keys all run at their limit that is 2-3
 claims' time (10-40 ms under load), during which the key has one run fewer than
 its limit. With a hand-off the worker whose run ended starts the key's next job
-itself, in a transaction sent right after the outcome write on the same
-connection (``hand_off_lock`` and ``hand_off_take`` of ``handoff.sql``, one round
-trip): the key's limits row is locked without waiting and its running jobs
-counted after the lock, as a claim does, so the limit holds exactly.
+itself, in the transaction that writes the outcome (``hand_off_lock`` and
+``hand_off_take`` of ``handoff.sql``, sent with the finishes in one pipeline:
+:func:`._finishes.write`'s ``then``): the key's limits row is locked without
+waiting and its running jobs counted after the lock, as a claim does, so the
+limit holds exactly, and the finish and the start commit together.
 
 When: a run whose job has a limit key ends with an outcome to write (not a
 give-back), in default order (fair order gives a freed slot to the group with the
 fewest running, which a hand-off would not ask). The statement keeps queue order:
 it starts the key's next job only when no queued job comes before it but jobs of
-the keys the queue's last claim left without room (``ClaimLoop.blocked``) and of
-the keys handed off, as far as a look at the first entries of the queue can tell
-(``hand_off_take``). So a key with a deep backlog cannot keep a slot from an
-earlier job of another key that has room: that slot goes to the next claim.
+keys without room (those the queue's last claim left without room,
+``ClaimLoop.blocked``, the keys handed off, and any key counted at its limit), as
+far as a look at the first entries of the queue can tell (``hand_off_take``). So a
+key with a deep backlog cannot keep a slot from an earlier job of another key that
+has room: that slot goes to the next claim.
 ``Worker(hand_off=False)`` turns hand-offs off.
 
 The slot is reserved from the run's end until the write is over (the claim loop
 does not claim for it meanwhile: ``QueueSlots.reserved``); then the jobs started
 go into the queue's claim loop like claimed jobs (``deliver``) and the reserved
-slots are free again. A hand-off that fails may have committed unseen: the
-queue's claim loop then reconciles before its next claim (``suspect``), as after
-a failed claim.
+slots are free again. A write that fails may have committed its hand-off unseen:
+the queue's claim loop then reconciles before its next claim (``suspect``), as
+after a failed claim; the retried write hands nothing off (its reservations are
+gone).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,8 +47,6 @@ from ..hooks import call_transition_hooks
 from ..jobs import ClaimedJob, job_rows
 from ..outcomes import GIVEN_BACK, Finish
 from ._state import WorkerState
-
-logger = logging.getLogger("akadze.worker")
 
 #: Told the jobs a hand-off started for a queue.
 Deliver = Callable[[str, list[ClaimedJob]], None]
