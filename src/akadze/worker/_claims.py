@@ -142,10 +142,15 @@ class ClaimLoop:
     # -- what the worker sees -------------------------------------------------------------
 
     @property
+    def _taken(self) -> int:
+        """Slots and claimed jobs spoken for: runs, slots reserved for a hand-off,
+        and jobs waiting in the buffer."""
+        return self._slots.busy + self._slots.reserved + len(self._buffer)
+
+    @property
     def free(self) -> int:
-        """Slots that nothing runs in and no buffered job waits for."""
-        slots = self._slots
-        return max(0, self._settings.slots - slots.busy - slots.reserved - len(self._buffer))
+        """Slots that nothing runs in, nothing reserves and no buffered job waits for."""
+        return max(0, self._settings.slots - self._taken)
 
     @property
     def ahead(self) -> int:
@@ -202,10 +207,7 @@ class ClaimLoop:
             return
         for job in jobs:
             self._buffer[job.id] = job
-        events = state.events
-        if jobs and events.wanted:
-            events.emit("claimed", queue=self.queue, job_ids=[job.id for job in jobs],
-                        detail="hand_off")
+        self._emit_claimed(jobs, detail="hand_off")
         self._fill()
 
     def suspect(self) -> None:
@@ -252,10 +254,11 @@ class ClaimLoop:
         self._emit_claimed(jobs)
         self._fill()
 
-    def _emit_claimed(self, jobs: list[ClaimedJob]) -> None:
+    def _emit_claimed(self, jobs: list[ClaimedJob], detail: str | None = None) -> None:
         events = self._state.events
         if jobs and events.wanted:
-            events.emit("claimed", queue=self.queue, job_ids=[job.id for job in jobs])
+            events.emit("claimed", queue=self.queue, job_ids=[job.id for job in jobs],
+                        detail=detail)
 
     def _fill(self) -> None:
         """Start buffered jobs in the free slots (not while stopping or fenced)."""
@@ -296,9 +299,7 @@ class ClaimLoop:
         self._state.events.emit("cut_back", queue=self.queue, job_ids=ids)
 
     def _room(self) -> int:
-        slots = self._slots
-        return (self._settings.slots + self.ahead - slots.busy - slots.reserved
-                - len(self._buffer))
+        return self._settings.slots + self.ahead - self._taken
 
     def _full(self) -> int:
         """The room a saturated queue waits for: all it may claim or, claiming far

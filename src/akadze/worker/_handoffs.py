@@ -115,19 +115,19 @@ class HandOffs:
         without hand-offs: the reservations are gone)."""
         held = self.reserved_in(part)
         # One queue per key (room is counted per key, over every queue).
-        wanted: dict[str, tuple[str, int]] = {}
+        asked: dict[str, tuple[str, int]] = {}
         for (queue, key), count in Counter(held).items():
-            if key not in wanted or count > wanted[key][1]:
-                wanted[key] = (queue, count)
-        keys = sorted(wanted)
+            if key not in asked or count > asked[key][1]:
+                asked[key] = (queue, count)
+        keys = sorted(asked)
         excluded = set(keys)
-        for queue in {queue for queue, _ in wanted.values()}:
+        for queue in {queue for queue, _ in asked.values()}:
             excluded.update(self._blocked(queue))
         settings = self._settings
         params = {
-            "queues": [wanted[key][0] for key in keys],
+            "queues": [asked[key][0] for key in keys],
             "keys": keys,
-            "slots": [wanted[key][1] for key in keys],
+            "slots": [asked[key][1] for key in keys],
             "now": settings.sql_now(),
             "worker_id": settings.worker_id,
             "tasks": list(settings.task_names),
