@@ -69,7 +69,9 @@ SELECT set_config('akadze.hand_off_locked',
 --     it the look knows nothing), and J must come before `stop`. So a worker whose
 --     slots are all wanted (a job of another key with room waits) never hands a
 --     slot to a key with a deep backlog, and the cost is bounded whatever the queue
---     holds (at most 1 088 index entries per queue and write, not per key).
+--     holds (at most 1 088 index entries per queue and write, not per key). The
+--     limited part's look also ends past `far`, the furthest entry the write
+--     could start: usually well before 1 024 entries.
 --
 -- A key's next jobs are read from jobs_ready_key_idx (equality on queue and
 -- limit_key, the index's order), at most `slots` + 16 entries, and checked there;
@@ -91,12 +93,34 @@ asked AS MATERIALIZED (
     WHERE (SELECT k.keys FROM locked k) ? a.key
       AND NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = a.queue)
 ),
+far AS MATERIALIZED (
+    -- Per queue, the furthest in queue order of the entries a hand-off could start:
+    -- for each key asked there, its `slots`-th queued entry (or its last), read from
+    -- jobs_ready_key_idx. No entry beyond it can be started, so the look below ends
+    -- at the first entry past it: a queue whose head is all keys at their limit is
+    -- read as far as the keys' next jobs, not to the end of the look (the cost of a
+    -- hand-off follows how far its jobs are, not the size of the look).
+    SELECT DISTINCT ON (a.queue) a.queue, h.priority, h.run_at, h.id
+    FROM asked a
+    CROSS JOIN LATERAL (
+        SELECT e.priority, e.run_at, e.id
+        FROM (SELECT j.priority, j.run_at, j.id FROM akadze.jobs j
+              WHERE j.queue = a.queue AND j.limit_key = a.key AND j.state = 'queued'
+              ORDER BY j.priority DESC, j.run_at, j.id
+              LIMIT a.slots) e
+        ORDER BY e.priority, e.run_at DESC, e.id DESC
+        LIMIT 1
+    ) h
+    ORDER BY a.queue, h.priority, h.run_at DESC, h.id DESC
+),
 stop AS MATERIALIZED (
     -- Per queue, the first entry of each part that is not of an excluded key, or
-    -- the last one the look reads there; the earlier of the two. Each part's
-    -- entries stream in index order and the first match ends its scan.
+    -- is past the queue's `far`, or the last one the look reads there; the earlier
+    -- of the two. Each part's entries stream in index order and the first match
+    -- ends its scan.
     SELECT q.queue, s.priority, s.run_at, s.id
     FROM (SELECT DISTINCT a.queue FROM asked a) q
+    LEFT JOIN far fa ON fa.queue = q.queue
     CROSS JOIN LATERAL (
         SELECT e.priority, e.run_at, e.id
         FROM ((SELECT f.priority, f.run_at, f.id
@@ -116,6 +140,8 @@ stop AS MATERIALIZED (
                            WHERE j.queue = q.queue AND j.state = 'queued' AND j.limited
                            ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1024) j) f
                WHERE f.n = 1024 OR f.limit_key IS NULL
+                  OR ((-f.priority::int, f.run_at, f.id)
+                      > (-fa.priority::int, fa.run_at, fa.id)) IS TRUE
                   OR (f.limit_key NOT IN (SELECT jsonb_array_elements_text(%(excluded)b::jsonb))
                       -- not left out, but without room now (counted without the
                       -- key's lock: this decides the order only, never the limit)
