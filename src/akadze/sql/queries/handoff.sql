@@ -96,10 +96,13 @@ asked AS MATERIALIZED (
 far AS MATERIALIZED (
     -- Per queue, the furthest in queue order of the entries a hand-off could start:
     -- for each key asked there, its `slots`-th queued entry (or its last), read from
-    -- jobs_ready_key_idx. No entry beyond it can be started, so the look below ends
-    -- at the first entry past it: a queue whose head is all keys at their limit is
-    -- read as far as the keys' next jobs, not to the end of the look (the cost of a
-    -- hand-off follows how far its jobs are, not the size of the look).
+    -- jobs_ready_key_idx. The look below ends at the first entry past it, so nothing
+    -- past it is started here: a key whose first entries are not ready (chosen reads
+    -- on to `slots` + 16) leaves its later jobs to the next claim. A queue whose head
+    -- is all keys at their limit is read as far as the keys' next jobs, not to the
+    -- end of the look (the cost of a hand-off follows how far its jobs are, not the
+    -- size of the look). The key's first entries are read again by chosen: stop,
+    -- which chosen needs, needs this first.
     SELECT DISTINCT ON (a.queue) a.queue, h.priority, h.run_at, h.id
     FROM asked a
     CROSS JOIN LATERAL (
