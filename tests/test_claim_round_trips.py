@@ -58,11 +58,13 @@ def fill(conn: Conn, rows: list[tuple[str | None, int]]) -> None:
 
 
 def block(conn: Conn, *keys: str) -> None:
-    """Each key: max_running = 1 and one job running in another queue."""
+    """Each key: max_running = 1 and one job running in another queue (flagged
+    limited, as a claim starts the run of a key with a limits row: the row counts
+    it, migration 0017)."""
     for key in keys:
         conn.execute("INSERT INTO akadze.limits (key, max_running) VALUES (%s, 1)", (key,))
-        conn.execute("INSERT INTO akadze.jobs (queue, task, limit_key, state) "
-                     "VALUES ('elsewhere', 't', %s, 'running')", (key,))
+        conn.execute("INSERT INTO akadze.jobs (queue, task, limit_key, state, limited) "
+                     "VALUES ('elsewhere', 't', %s, 'running', true)", (key,))
 
 
 def test_a_queue_held_by_a_key_at_its_limit_costs_one_round_trip(

@@ -221,8 +221,11 @@ def _eligible(view: View) -> tuple[list[Row], Counter[str]]:
 
 
 def _exhausted(view: View, seen: Counter[str]) -> set[Key]:
-    """Limited keys none of whose unread rows can be eligible."""
-    return {key for key, room in view.headroom.items() if seen[key] >= room}
+    """Limited keys none of whose unread rows can be eligible. (``seen.get``: a
+    Counter's ``[]`` calls ``__missing__`` in Python for every key not read, and
+    a claim remembering a thousand blocked keys asks for a thousand.)"""
+    get = seen.get
+    return {key for key, room in view.headroom.items() if get(key, 0) >= room}
 
 
 def prune(rows: Sequence[Row], room: Mapping[str, int], excluded: Collection[Key]) -> list[Row]:

@@ -51,11 +51,13 @@ CROSS JOIN LATERAL (
 ORDER BY g
 
 -- name: bench_insert_running
--- `per_key` running jobs for each of the keys prefix0 .. prefix(keys-1).
-INSERT INTO akadze.jobs (queue, task, state, limit_key, run_count, attempt, worker_id,
-                         run_at, started_at)
-SELECT %(queue)s, 'bench', 'running', %(prefix)s || k::text, 1, 1, 'bench-busy',
-       %(base)s::timestamptz, %(base)s::timestamptz
+-- `per_key` running jobs for each of the keys prefix0 .. prefix(keys-1),
+-- flagged limited when the key has a limits row, as a claim's take flags them.
+INSERT INTO akadze.jobs (queue, task, state, limit_key, limited, run_count, attempt,
+                         worker_id, run_at, started_at)
+SELECT %(queue)s, 'bench', 'running', %(prefix)s || k::text,
+       EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = %(prefix)s || k::text),
+       1, 1, 'bench-busy', %(base)s::timestamptz, %(base)s::timestamptz
 FROM generate_series(0, %(keys)s::int - 1) AS k,
      generate_series(1, %(per_key)s::int) AS n
 

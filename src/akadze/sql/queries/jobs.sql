@@ -31,7 +31,12 @@ SET state = 'running',
     worker_id = %(worker_id)s,
     started_at = COALESCE(%(now)s::timestamptz,
                           nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
-                          now())
+                          now()),
+    -- a running job of a key with a limits row is flagged, so that the row's
+    -- count (limits.running, migration 0017) counts it; one probe of
+    -- limits_pkey for a keyed job that was queued unflagged, none otherwise
+    limited = j.limited OR (j.limit_key IS NOT NULL AND EXISTS (
+        SELECT 1 FROM akadze.limits x WHERE x.key = j.limit_key))
 
 -- fragment: job_summary_columns
 -- A JobSummary, read by name: the job as stored but the three columns that can be
