@@ -35,6 +35,11 @@ def _mismatches(conn: Conn) -> list[tuple[str, int, int]]:
     return [c for c in _counts(conn) if c[1] != c[2]]
 
 
+def _count(conn: Conn, key: str) -> int:
+    """The count the limits row of ``key`` keeps."""
+    return next(running for k, running, _ in _counts(conn) if k == key)
+
+
 def _overcounts(conn: Conn) -> list[tuple[str, int, int]]:
     """Limits rows counting more than their key's running jobs: never allowed."""
     return [c for c in _counts(conn) if c[1] > c[2]]
@@ -136,7 +141,6 @@ def test_the_count_follows_every_change_of_a_running_job(conn: Conn, ops: list[A
 
 def test_a_claim_flags_a_run_queued_before_its_key_had_a_limit(conn: Conn) -> None:
     _enqueue(conn, "late", 2)
-    set_limit_sync(conn, "other", max_running=5)
     # set_limit of a new key flags its queued jobs; here the key's jobs were
     # queued with the flag false and the limit came by hand, as an old version
     # would leave them.
@@ -144,11 +148,9 @@ def test_a_claim_flags_a_run_queued_before_its_key_had_a_limit(conn: Conn) -> No
     assert conn.execute("SELECT bool_or(limited) FROM akadze.jobs").fetchone() == (False,)
     got = claim(conn, queue=QUEUE, slots=1, fair=False, worker_id="w")
     assert len(got) == 1
-    assert conn.execute("SELECT running FROM akadze.limits WHERE key = 'late'"
-                        ).fetchone() == (1,)
+    assert _count(conn, "late") == 1
     _end(conn, "succeeded", 1)
-    assert conn.execute("SELECT running FROM akadze.limits WHERE key = 'late'"
-                        ).fetchone() == (0,)
+    assert _count(conn, "late") == 0
 
 
 def test_a_new_row_counts_from_zero_and_never_goes_below(conn: Conn) -> None:
@@ -158,19 +160,15 @@ def test_a_new_row_counts_from_zero_and_never_goes_below(conn: Conn) -> None:
     _enqueue(conn, "k", 4)
     assert len(claim(conn, queue=QUEUE, slots=2, fair=False, worker_id="w")) == 2
     set_limit_sync(conn, "k", max_running=5)
-    assert conn.execute("SELECT running FROM akadze.limits WHERE key = 'k'"
-                        ).fetchone() == (0,)
+    assert _count(conn, "k") == 0
     assert len(claim(conn, queue=QUEUE, slots=1, fair=False, worker_id="w")) == 1
-    assert conn.execute("SELECT running FROM akadze.limits WHERE key = 'k'"
-                        ).fetchone() == (1,)
+    assert _count(conn, "k") == 1
     # the flagged run stays flagged while it runs; a row created again counts 0
     assert clear_limit_sync(conn, "k")
     set_limit_sync(conn, "k", max_running=5)
-    assert conn.execute("SELECT running FROM akadze.limits WHERE key = 'k'"
-                        ).fetchone() == (0,)
+    assert _count(conn, "k") == 0
     _end(conn, "succeeded", 3)
-    assert conn.execute("SELECT running FROM akadze.limits WHERE key = 'k'"
-                        ).fetchone() == (0,)
+    assert _count(conn, "k") == 0
     assert _overcounts(conn) == []
 
 
