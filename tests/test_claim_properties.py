@@ -155,6 +155,11 @@ def load(conn: Conn, case: Case) -> None:
             if case.flags != "stale":
                 cur.execute("UPDATE akadze.jobs SET limited = true WHERE state = 'queued' "
                             "AND limit_key IN (SELECT key FROM akadze.limits)")
+                # and the runs, as a claim starts them under the limit: the limits
+                # rows count them (migration 0017), so a key at its limit shows
+                # full there and a first window may take the open route (0018)
+                cur.execute("UPDATE akadze.jobs SET limited = true WHERE state = 'running' "
+                            "AND limit_key IN (SELECT key FROM akadze.limits)")
             if case.flags == "mixed":
                 cur.execute("UPDATE akadze.jobs SET limited = false WHERE id = ANY (%s)",
                             [sorted(case.unflag)])

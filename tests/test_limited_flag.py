@@ -188,8 +188,8 @@ def test_keys_at_their_limit_ahead_of_free_ones(conn: Conn, work: Any, fair: boo
 
 
 def test_the_window_function_is_inlined_into_the_window_statements(conn: Conn) -> None:
-    """akadze.ready_window_parts and akadze.ready_window_judged (migration 0016) must
-    be inlined (LANGUAGE sql, STABLE, a single SELECT): called as functions, their
+    """akadze.ready_window_open (migration 0018), which the window statements call,
+    must be inlined (LANGUAGE sql, STABLE, a single SELECT): called as functions, their
     bodies would be planned at every claim."""
     params = {"queue": "q", "after_priority": 32768,
               "after_run_at": datetime(1970, 1, 1, tzinfo=UTC), "after_id": 0, "now": None,
@@ -197,6 +197,7 @@ def test_the_window_function_is_inlined_into_the_window_statements(conn: Conn) -
               "skip_null": False, "remembered": key_list(["b", "c"]),
               "remembered_free": key_list(["c"]),
               "window": 40, "split_max": 32, "need": None, "known": [], "known_null": False,
+              "try_open": True, "known_open": None,
               "fair": False, "tasks": None}
     for name in ("claim_window", "claim_window_whole", "claim_window_judged"):
         with conn.transaction():
@@ -313,11 +314,12 @@ def _judged_lists(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], list
 @pytest.mark.parametrize("stale", [False, True])
 def test_keys_at_their_limit_are_left_out_of_the_part_that_holds_their_jobs(
         conn: Conn, work: Any, monkeypatch: pytest.MonkeyPatch, stale: bool) -> None:
-    """Migrations 0014 and 0016 (ready_window_parts, ready_window_judged): a key at
-    its limit whose jobs are flagged is left out of the limited part only; one whose
-    jobs the claim met unflagged (queued before its limit), of the free part too, from
-    the next claim's first window on, which judges on the server which remembered keys
-    are still without room. Either way the claim is the reference claim's."""
+    """Migrations 0014, 0016 and 0018: a key at its limit whose jobs are flagged is
+    never read (the open route reads the limited part for the keys with room); one
+    whose jobs the claim met unflagged (queued before its limit) is left out of the
+    free part from the next claim's first window on, which judges on the server which
+    remembered keys are still without room. Either way the claim is the reference
+    claim's."""
     blocked = [f"b{i:02d}" for i in range(20)]
     for key in blocked:
         set_limit_sync(conn, key, max_running=1)
@@ -338,12 +340,17 @@ def test_keys_at_their_limit_are_left_out_of_the_part_that_holds_their_jobs(
         got = [j.id for j in claim(conn, queue="default", slots=20)]
         assert got == expected
         _unclaim(conn, got)
-    # the second claim's first window leaves out the keys it remembers without
-    # room, judged on the server (claim_window_judged, migration 0016): of the
-    # limited part, and of the free part those it met there
+    if not stale:
+        # the open route (migration 0018): the windows read the limited part for
+        # the keys with room only, so the claims never meet the keys at their
+        # limit, and nothing is remembered of them to judge
+        assert judged == []
+        return
+    # the second claim's first window leaves out of the free part the keys it
+    # met there without room, judged on the server (claim_window_judged,
+    # migrations 0016 and 0018)
     assert len(judged) == 1
     remembered, remembered_free, left_out = judged[0]
     assert remembered == sorted(blocked)
-    assert set(remembered_free) <= set(blocked)
-    assert bool(remembered_free) == stale
+    assert remembered_free == sorted(blocked)
     assert left_out == sorted(blocked)

@@ -40,6 +40,13 @@ class KeyState:
     settings: dict[str, str] | None = None  # as they were before the claim changed them
     # Keys with entries met in the free part of the queue (jobs.limited false).
     unflagged: set[str] = field(default_factory=set)
+    # The open route (ready_window_open, migration 0018): the keys with room
+    # whose limited part the windows read; every other key with a limits row
+    # has no room for this claim. None: the claim's windows read the limited
+    # part as the others do. `fresh`: no reading statement came back yet (the
+    # only one that may take the route).
+    opened: frozenset[str] | None = None
+    fresh: bool = True
 
     def started(self, rows: list[Row]) -> None:
         """The settings claim_start replaced (restored before the hooks run)."""
@@ -70,6 +77,24 @@ class KeyState:
         return {"skip_limited": key_list(k for k in keys if k in room),
                 "skip_free": key_list(k for k in keys if k not in room or k in unflagged)}
 
+    def window_params(self) -> dict[str, object]:
+        """The open route's parameters of a window (ready_window_open): the
+        claim's first read may take it; the later windows read the same keys."""
+        opened = self.opened
+        return {"try_open": self.fresh and opened is None,
+                "known_open": None if opened is None else key_list(sorted(opened))}
+
+    def open_only(self, keys: Sequence[str]) -> None:
+        """The first read took the open route: of the keys with a limits row,
+        only ``keys`` may have room in this claim. The read's snapshot showed
+        every other one at its limit (limits.running), and the windows will not
+        read their limited part: any of them met elsewhere (the free part, a
+        read per group) is without room, whatever a later snapshot says."""
+        self.opened = frozenset(keys)
+        for key in self.room:
+            if key not in self.opened:
+                self.room[key] = 0
+
     def learn(self, key: str | None, limited: bool | None, max_running: int | None,
               running: int | None, max_starts: int | None, starts: int | None,
               busy: int | None) -> None:
@@ -79,8 +104,10 @@ class KeyState:
             return
         if not limited:
             self.unlimited.add(key)
-        elif key in self.held:
-            self.room[key] = 0  # another claim has it: left for the next claim
+        elif key in self.held or (self.opened is not None and key not in self.opened):
+            # another claim has it (left for the next claim), or the open route
+            # left its limited part unread (open_only)
+            self.room[key] = 0
         else:
             self.room[key] = planner.headroom(
                 planner.Limit(max_running, running or 0, max_starts, starts or 0))

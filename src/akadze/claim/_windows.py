@@ -128,9 +128,14 @@ def _entries(rows: list[Row], known: KeyState) -> list[tuple[planner.Row, bool]]
     after the entries) go into ``known``."""
     entries: list[tuple[planner.Row, bool]] = []
     make = planner.Row._make
+    known.fresh = False
+    # The open route's row first: it decides the room of the keys met.
+    opened = next((r[14] for r in rows if r[0] is None and r[14] is not None), None)
+    if opened is not None:
+        known.open_only(opened)
     for r in rows:
         if r[0] is None:
-            if r[12] is None:  # not the row of left-out keys (claim_window_judged)
+            if r[12] is None and r[14] is None:  # a key's state (not left_out, opened)
                 known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
                 if r[4] and r[3] is not None:
                     known.unflagged.add(r[3])  # met in the free part (its `ready`)
@@ -176,7 +181,7 @@ def _window(request: Request, known: KeyState, reading: _Reading, window: int,
         **request.params(), **_after_params(reading.after), **known.params(exclude),
         "window": window, "need": need,
         **known.skip_lists(exclude), "skip_null": None in exclude,
-        "split_max": SPLIT_MAX,
+        "split_max": SPLIT_MAX, **known.window_params(),
     }
     # Without an early stop the window needs none of its machinery.
     return prepared("claim_window" if need is not None else "claim_window_whole", params)
@@ -190,7 +195,8 @@ def _apply_window(known: KeyState, reading: _Reading, rows: list[Row], window: i
     # claim_entries_cut_with_state, claim_window_judged's; null elsewhere).
     scanned, cuts = next(((r[11], r[13]) for r in rows if r[0] is not None), (0, 0))
     reading.complete = len(entries) + (cuts or 0) == scanned < window
-    reading.met.update(r[3] for r in rows if r[0] is not None or r[12] is None)
+    reading.met.update(r[3] for r in rows
+                       if r[0] is not None or (r[12] is None and r[14] is None))
     _advance(reading, entries)
 
 
@@ -354,7 +360,7 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
         # Left out of the free part too, if still full: those the last claim met
         # there (queued before their key had its limit).
         "remembered_free": key_list(k for k in keys if k in known.unflagged),
-        "split_max": SPLIT_MAX,
+        "split_max": SPLIT_MAX, "try_open": True,
     }
     settings, swept, rows, *groups = yield Batch((
         *_opening(request), prepared("claim_window_judged", params),

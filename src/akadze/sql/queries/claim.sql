@@ -170,7 +170,10 @@ SELECT * FROM taken
 --
 -- The candidates come from index-only scans (claim_window_candidates): an
 -- excluded key costs one index tuple per entry, or nothing at all when the
--- window is read split.
+-- window is read split. On the open route (migration 0018: the claim's first
+-- read, when some key is at its limit and few are not; the later windows pass
+-- the same keys in known_open) the limited part is read for the keys with
+-- room only, and no key at its limit costs anything.
 --
 -- The exclusion is "NOT IN (SELECT jsonb_array_elements_text($keys))":
 -- PostgreSQL evaluates it as a hashed subplan, one hash probe per index tuple,
@@ -188,9 +191,10 @@ SELECT * FROM taken
 -- primary key (a join let the planner hash the whole table), and reported as
 -- `ready` instead of filtering, so the caller knows where the window ended even
 -- when its last entries are not ready for this claim.
-WITH candidates AS (
+WITH window_rows AS MATERIALIZED (
 -- include: claim_window_candidates
 )
+-- include: claim_window_split
 -- include: claim_window_early_stop
 -- include: claim_entries_with_state
 
@@ -200,9 +204,10 @@ WITH candidates AS (
 -- or counting those sure to help. In claim_window those two sorts and three
 -- window functions run even when `need` is null, about 3 us per entry (0.35 ms
 -- of a 0.94 ms window of 116 entries, EXPLAIN ANALYZE). `scanned` as there.
-WITH candidates AS (
+WITH window_rows AS MATERIALIZED (
 -- include: claim_window_candidates
 )
+-- include: claim_window_split
 , kept AS (
     SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited, count(*) OVER () AS scanned
     FROM candidates c
@@ -214,8 +219,10 @@ WITH candidates AS (
 -- (akadze.claim._hints): the remembered keys (`remembered`, a jsonb array) are
 -- left out of the limited part of the queue, and those of `remembered_free` of
 -- the free part too, if they are still without room, judged in this
--- statement's snapshot (akadze.ready_window_judged, migration 0016, inlined
--- here like ready_window_parts). The keys it left out come back in one row
+-- statement's snapshot (akadze.ready_window_open, migrations 0016 and 0018,
+-- inlined here). On the open route only those of `remembered_free` are judged:
+-- the route reads no key at its limit in the limited part. The keys it left
+-- out come back in one row
 -- (left_out), in the same snapshot as the entries and the state of the keys
 -- met: the claim leaves out exactly those, and reads the others (a remembered
 -- key that has room again, or no limits row any more) like any key. Judged in
@@ -226,17 +233,15 @@ WITH candidates AS (
 -- queue whose keys all run at their limit.
 --
 -- MATERIALIZED: the function's rows are the entries and, after them, the
--- left-out keys (id NULL), split here; the entries are at most `window`.
+-- left-out keys and the open route's row (id NULL), split here; the entries
+-- are at most `window`.
 WITH window_rows AS MATERIALIZED (
 -- include: claim_window_judged_candidates
 )
-, candidates AS (
-    SELECT w.id, w.priority, w.run_at, w.limit_key, w.limited FROM window_rows w
-    WHERE w.id IS NOT NULL
-)
+-- include: claim_window_split
 , left_out AS (
     SELECT COALESCE(array_agg(w.limit_key), '{}') AS keys FROM window_rows w
-    WHERE w.id IS NULL
+    WHERE w.id IS NULL AND w.opened IS NULL
 )
 -- include: claim_window_early_stop
 -- include: claim_entries_cut_with_state
@@ -388,6 +393,8 @@ WITH candidates AS (
            NULL::bigint AS scanned
     FROM candidates c
 )
+-- A read per group takes no open route (the rows of every group it reads come back).
+, opened AS (SELECT NULL::text[] AS keys WHERE false)
 -- include: claim_entries_with_state
 
 -- name: claim_group_heads
@@ -448,6 +455,7 @@ candidates AS (
     -- group's state), `scanned` the number of keys listed.
     SELECT NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM listed)
 )
+, opened AS (SELECT NULL::text[] AS keys WHERE false)
 -- include: claim_entries_with_state
 
 -- name: claim_lock_first
@@ -721,7 +729,7 @@ SELECT c.id, c.priority, c.run_at, c.limit_key,
         WHERE j.id = c.id) AS ready,
        c.limited, NULL::integer AS max_running, NULL::bigint AS running,
        NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
-       c.scanned, NULL::text[] AS left_out, NULL::bigint AS cuts
+       c.scanned, NULL::text[] AS left_out, NULL::bigint AS cuts, NULL::text[] AS opened
 FROM kept c
 -- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
 WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
@@ -730,7 +738,7 @@ UNION ALL
 -- limits row or (fair) running jobs in the queue: a key met without a row here
 -- is unlimited and idle, which spares a row per key of a queue of free keys.
 SELECT NULL, NULL, NULL, st.limit_key, NULL, st.limited, st.max_running, st.running,
-       st.max_starts, st.starts, st.busy, NULL, NULL, NULL
+       st.max_starts, st.starts, st.busy, NULL, NULL, NULL, NULL
 FROM (
     SELECT m.limit_key,
 -- include: claim_key_state
@@ -740,6 +748,12 @@ FROM (
     OFFSET 0
 ) st
 WHERE st.limited OR st.busy > 0
+UNION ALL
+-- The open route's keys (ready_window_open, migration 0018), if the window took
+-- it: one row, id and limit_key NULL, after the entries.
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       o.keys
+FROM opened o
 ORDER BY 2 DESC NULLS LAST, 3, 1
 
 -- fragment: claim_entries_cut_with_state
@@ -814,7 +828,7 @@ ORDER BY 2 DESC NULLS LAST, 3, 1
 SELECT e.id, e.priority, e.run_at, e.limit_key, e.ready,
        e.limited, NULL::integer AS max_running, NULL::bigint AS running,
        NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
-       e.scanned, NULL::text[] AS left_out, e.cuts
+       e.scanned, NULL::text[] AS left_out, e.cuts, NULL::text[] AS opened
 FROM entries e
 WHERE NOT e.cut
 UNION ALL
@@ -823,12 +837,17 @@ UNION ALL
 -- is unlimited and idle, which spares a row per key of a queue of free keys.
 -- Its `ready` column says whether it was met in the free part (unflagged).
 SELECT NULL, NULL, NULL, st.limit_key, st.unflagged, st.limited, st.max_running,
-       st.running, st.max_starts, st.starts, st.busy, NULL, NULL, NULL
+       st.running, st.max_starts, st.starts, st.busy, NULL, NULL, NULL, NULL
 FROM st
 WHERE st.limited OR st.busy > 0
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, lo.keys, NULL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, lo.keys, NULL,
+       NULL
 FROM left_out lo
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       o.keys
+FROM opened o
 ORDER BY 2 DESC NULLS LAST, 3, 1
 
 -- fragment: claim_key_state
@@ -892,18 +911,20 @@ FROM akadze.limits l
 WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 
 -- fragment: claim_window_candidates
--- The entries of claim_window and claim_window_whole: the next `window` index
+-- The rows of claim_window and claim_window_whole: the next `window` index
 -- entries of the queue after P, leaving out the excluded keys: the free and the
 -- limited part merged, the limited part in order or split per key
--- (akadze.ready_window_parts, migration 0014, which PostgreSQL inlines here: the
--- plan is the one of the function's body, with these parameters). Each entry
--- says which part it came from (`limited`).
-    SELECT * FROM akadze.ready_window_parts(
+-- (akadze.ready_window_open, migrations 0014 and 0018, which PostgreSQL
+-- inlines here: the plan is the one of the function's body, with these
+-- parameters), and the open route's row if the window took it
+-- (claim_window_split). Each entry says which part it came from (`limited`).
+    SELECT * FROM akadze.ready_window_open(
         %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
         %(after_id)s::bigint, COALESCE(%(now)s::timestamptz,
                                        nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
                                        now()), %(skip_free)b::jsonb,
-        %(skip_limited)b::jsonb, %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
+        %(skip_limited)b::jsonb, '[]'::jsonb, '[]'::jsonb, %(skip_null)s::boolean,
+        %(window)s::int, %(split_max)s::int, %(try_open)s::boolean, %(known_open)b::jsonb)
 
 -- fragment: claim_window_early_stop
 -- The early stop of claim_window and claim_window_judged, after their CTE
@@ -975,10 +996,26 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 -- fragment: claim_window_judged_candidates
 -- claim_window_candidates with the remembered keys judged on the server
 -- (claim_window_judged).
-    SELECT * FROM akadze.ready_window_judged(
+    SELECT * FROM akadze.ready_window_open(
         %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
         %(after_id)s::bigint, COALESCE(%(now)s::timestamptz,
                                        nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
                                        now()), %(skip_free)b::jsonb,
         %(skip_limited)b::jsonb, %(remembered)b::jsonb, %(remembered_free)b::jsonb,
-        %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int)
+        %(skip_null)s::boolean, %(window)s::int, %(split_max)s::int, %(try_open)s::boolean,
+        NULL::jsonb)
+
+-- fragment: claim_window_split
+-- The window statements' rows of ready_window_open (migration 0018) taken
+-- apart, after their CTE `window_rows` (MATERIALIZED: read twice): the entries
+-- (`candidates`) and the open route's keys (`opened`: one row, if the window
+-- took that route). The judged window's left-out keys are its other rows
+-- (id NULL, opened NULL).
+, candidates AS (
+    SELECT w.id, w.priority, w.run_at, w.limit_key, w.limited FROM window_rows w
+    WHERE w.id IS NOT NULL
+)
+, opened AS (
+    SELECT w.opened AS keys FROM window_rows w
+    WHERE w.id IS NULL AND w.opened IS NOT NULL
+)
