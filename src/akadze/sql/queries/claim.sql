@@ -197,6 +197,7 @@ WITH window_rows AS MATERIALIZED (
 -- include: claim_window_split
 -- include: claim_window_early_stop
 -- include: claim_entries_with_state
+-- include: claim_opened_row
 
 -- name: claim_window_whole
 -- claim_window without the early stop, for the windows read with `need` null
@@ -213,6 +214,7 @@ WITH window_rows AS MATERIALIZED (
     FROM candidates c
 )
 -- include: claim_entries_with_state
+-- include: claim_opened_row
 
 -- name: claim_window_judged
 -- claim_window for the first window of a claim that remembers many blocked keys
@@ -393,9 +395,8 @@ WITH candidates AS (
            NULL::bigint AS scanned
     FROM candidates c
 )
--- A read per group takes no open route (the rows of every group it reads come back).
-, opened AS (SELECT NULL::text[] AS keys WHERE false)
 -- include: claim_entries_with_state
+ORDER BY 2 DESC NULLS LAST, 3, 1
 
 -- name: claim_group_heads
 -- The first `per_group` index entries of every group of the queue, found by
@@ -455,8 +456,8 @@ candidates AS (
     -- group's state), `scanned` the number of keys listed.
     SELECT NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM listed)
 )
-, opened AS (SELECT NULL::text[] AS keys WHERE false)
 -- include: claim_entries_with_state
+ORDER BY 2 DESC NULLS LAST, 3, 1
 
 -- name: claim_lock_first
 -- The only lock of a claim that may wait. Used when claim_lock found every
@@ -727,9 +728,10 @@ SELECT c.id, c.priority, c.run_at, c.limit_key,
                AND (%(tasks)b::text[] IS NULL OR j.task = ANY (%(tasks)b::text[]))
         FROM akadze.jobs j
         WHERE j.id = c.id) AS ready,
-       c.limited, NULL::integer AS max_running, NULL::bigint AS running,
-       NULL::integer AS max_starts, NULL::bigint AS starts, NULL::bigint AS busy,
-       c.scanned, NULL::text[] AS left_out, NULL::bigint AS cuts, NULL::text[] AS opened
+       -- max_running, running, max_starts, starts, busy, scanned, left_out, cuts,
+       -- opened
+       c.limited, NULL::int, NULL::bigint, NULL::int, NULL::bigint, NULL::bigint,
+       c.scanned, NULL::text[], NULL::bigint, NULL::text[]
 FROM kept c
 -- A paused queue is not touched at all: no entry, no state (an InitPlan, once).
 WHERE NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = %(queue)s)
@@ -748,13 +750,6 @@ FROM (
     OFFSET 0
 ) st
 WHERE st.limited OR st.busy > 0
-UNION ALL
--- The open route's keys (ready_window_open, migration 0018), if the window took
--- it: one row, id and limit_key NULL, after the entries.
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       o.keys
-FROM opened o
-ORDER BY 2 DESC NULLS LAST, 3, 1
 
 -- fragment: claim_entries_cut_with_state
 -- The end of claim_window_judged, after its CTEs `kept` (the entries read: id,
@@ -846,8 +841,8 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, l
 FROM left_out lo
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       o.keys
-FROM opened o
+       w.opened
+FROM window_rows w WHERE w.id IS NULL AND w.opened IS NOT NULL
 ORDER BY 2 DESC NULLS LAST, 3, 1
 
 -- fragment: claim_key_state
@@ -923,7 +918,8 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
         %(after_id)s::bigint, COALESCE(%(now)s::timestamptz,
                                        nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
                                        now()), %(skip_free)b::jsonb,
-        %(skip_limited)b::jsonb, '[]'::jsonb, '[]'::jsonb, %(skip_null)s::boolean,
+        -- no remembered keys (claim_window_judged's)
+        %(skip_limited)b::jsonb, '[]', '[]', %(skip_null)s::boolean,
         %(window)s::int, %(split_max)s::int, %(try_open)s::boolean, %(known_open)b::jsonb)
 
 -- fragment: claim_window_early_stop
@@ -1006,16 +1002,22 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
         NULL::jsonb)
 
 -- fragment: claim_window_split
--- The window statements' rows of ready_window_open (migration 0018) taken
--- apart, after their CTE `window_rows` (MATERIALIZED: read twice): the entries
--- (`candidates`) and the open route's keys (`opened`: one row, if the window
--- took that route). The judged window's left-out keys are its other rows
--- (id NULL, opened NULL).
+-- The entries of ready_window_open (migration 0018) in the window statements,
+-- after their CTE `window_rows` (MATERIALIZED: read twice), whose other rows
+-- (id NULL) are the open route's keys (opened not null: claim_opened_row) and
+-- the judged window's left-out keys.
 , candidates AS (
     SELECT w.id, w.priority, w.run_at, w.limit_key, w.limited FROM window_rows w
     WHERE w.id IS NOT NULL
 )
-, opened AS (
-    SELECT w.opened AS keys FROM window_rows w
-    WHERE w.id IS NULL AND w.opened IS NOT NULL
-)
+
+-- fragment: claim_opened_row
+-- The end of the window statements after claim_entries_with_state: the open
+-- route's keys (ready_window_open, migration 0018), if the window took it, in
+-- one row after the entries (id and limit_key NULL; CTE `window_rows`), and
+-- the order of claim_entries_with_state's rows.
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       w.opened
+FROM window_rows w WHERE w.id IS NULL AND w.opened IS NOT NULL
+ORDER BY 2 DESC NULLS LAST, 3, 1
