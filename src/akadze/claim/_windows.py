@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from ..jobs import ClaimedJob, job_rows
 from . import _planner as planner
+from ._groupreads import apply_group_rows, guarded_groups, learn_groups, read_groups, scan_groups
 from ._hints import Hints
 from ._keystate import KeyState, counts, learn_counts, lock_taken, wait_first
+from ._reading import Reading, advance, after_params, again, entries_of
 from ._steps import (
     Batch,
     Request,
@@ -37,10 +37,6 @@ from ._takes import count_taken, take, take_committing
 
 # -- the windowed claim -----------------------------------------------------------------
 
-# Above every smallint priority: "after" this position is the head of the queue.
-_HEAD_PRIORITY = 32768
-# Any time: with _HEAD_PRIORITY the first arm of a window is empty whatever it is.
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The skip scan that lists a queue's groups stops after this many keys; below
 # it, the claim reads per group instead of filtering the queue.
 GROUP_SCAN_BOUND = 64
@@ -48,8 +44,6 @@ GROUP_SCAN_BOUND = 64
 # first round trip) or the rows read so far show at most this many keys (a queue
 # that shows many keys in its head rarely has few in total).
 GROUP_SCAN_TRY = 16
-
-Position = tuple[int, datetime, int]
 
 # A window leaves out remembered blocked keys (akadze.claim._hints) only from this
 # many on. Finding a few blocked keys costs a claim a window at most; leaving
@@ -88,74 +82,8 @@ def _opened(known: KeyState, settings: list[Row], swept: list[ClaimedJob]) -> li
     return swept
 
 
-@dataclass
-class _Reading:
-    """Where a windowed read has got to (reset when a claim plans again)."""
-
-    rows: list[planner.Row]
-    # Windows: the last entry read (every entry up to it was, but for the
-    # excluded keys).
-    after: Position | None = None
-    # Reads per group: where each group's read stopped (None: at its last row);
-    # planner.View.reach.
-    reach: dict[str | None, Position | None] = field(default_factory=dict)
-    complete: bool = False
-    window: int = 0
-    excluded: frozenset[str | None] = frozenset()
-    universe: frozenset[str | None] | None = None
-    scanned_groups: bool = False
-    group_reads: int = 0
-    # Windows only: the rows read up to the last one planned (Hints.read).
-    needed: int = 0
-    # What a skip scan or its guard said of the number of groups: True, many;
-    # False, few enough to list; None, it did not run (Hints.many_groups).
-    crowded: bool | None = None
-    # The keys of the entries windows read, returned or not (a window does not
-    # return the entries of a limited key past its headroom, but names the key
-    # with its state): how many groups the head of the queue shows.
-    met: set[str | None] = field(default_factory=set)
-
-
-def _after_params(after: Position | None) -> dict[str, object]:
-    if after is None:
-        return {"after_priority": _HEAD_PRIORITY, "after_run_at": _EPOCH, "after_id": 0}
-    neg_priority, run_at, id_ = after
-    return {"after_priority": -neg_priority, "after_run_at": run_at, "after_id": id_}
-
-
-def _entries(rows: list[Row], known: KeyState) -> list[tuple[planner.Row, bool]]:
-    """The index entries of a reading statement; its key-state rows (id NULL,
-    after the entries) go into ``known``."""
-    entries: list[tuple[planner.Row, bool]] = []
-    make = planner.Row._make
-    known.fresh = False
-    # The open route's row first: it decides the room of the keys met.
-    opened = next((r[14] for r in rows if r[0] is None and r[14] is not None), None)
-    if opened is not None:
-        known.open_only(opened)
-    for r in rows:
-        if r[0] is None:
-            if r[12] is None and r[14] is None:  # a key's state (not left_out, opened)
-                known.learn(r[3], r[5], r[6], r[7], r[8], r[9], r[10])
-                if r[4] and r[3] is not None:
-                    known.unflagged.add(r[3])  # met in the free part (its `ready`)
-        else:
-            entries.append((make(r[:4]), r[4]))
-            if r[5] is False and r[3] is not None:
-                known.unflagged.add(r[3])  # met in the free part (ready_window_parts)
-    # A key met without a state row has no limits row and (fair) nothing running
-    # in the queue. Keys whose state was known before the statement are skipped
-    # by learn(); a key the statement left out because it was known stays as is.
-    for row, _ in entries:
-        key = row.key
-        if (key is not None and key not in known.room and key not in known.unlimited) or (
-                known.fair and key not in known.busy):
-            known.learn(key, False, None, None, None, None, 0)
-    return entries
-
-
 def _read_window(
-    request: Request, known: KeyState, reading: _Reading, window: int,
+    request: Request, known: KeyState, reading: Reading, window: int,
     exclude: frozenset[str | None], need: int | None, first: bool = False,
 ) -> Opens:
     """One window. ``first``: the claim's first window, which travels with the
@@ -166,19 +94,19 @@ def _read_window(
         rows = yield statement
         _apply_window(known, reading, rows, window)
         return []
-    settings, swept, rows, *groups = yield Batch((*_opening(request), statement,
-                                                  *_guarded_groups(request)))
+    scan = guarded_groups(request, GROUP_SCAN_BOUND, GROUP_SCAN_TRY)
+    settings, swept, rows, *groups = yield Batch((*_opening(request), statement, *scan))
     cancelled = _opened(known, settings, swept)
     _apply_window(known, reading, rows, window)
     for row in groups:
-        _learn_groups(known, reading, row[0])
+        learn_groups(known, reading, row[0], GROUP_SCAN_BOUND)
     return cancelled
 
 
-def _window(request: Request, known: KeyState, reading: _Reading, window: int,
+def _window(request: Request, known: KeyState, reading: Reading, window: int,
             exclude: frozenset[str | None], need: int | None) -> Statement:
     params = {
-        **request.params(), **_after_params(reading.after), **known.params(exclude),
+        **request.params(), **after_params(reading.after), **known.params(exclude),
         "window": window, "need": need,
         **known.skip_lists(exclude), "skip_null": None in exclude,
         "split_max": SPLIT_MAX, **known.window_params(),
@@ -187,8 +115,8 @@ def _window(request: Request, known: KeyState, reading: _Reading, window: int,
     return prepared("claim_window" if need is not None else "claim_window_whole", params)
 
 
-def _apply_window(known: KeyState, reading: _Reading, rows: list[Row], window: int) -> None:
-    entries = _entries(rows, known)
+def _apply_window(known: KeyState, reading: Reading, rows: list[Row], window: int) -> None:
+    entries = entries_of(rows, known)
     # Read to the end only if the window was not cut short (planner.ReadMore.need)
     # and still came back short of its size. `cuts`: the entries of limited keys
     # past their headroom that the window read but did not return (the cut of
@@ -197,129 +125,7 @@ def _apply_window(known: KeyState, reading: _Reading, rows: list[Row], window: i
     reading.complete = len(entries) + (cuts or 0) == scanned < window
     reading.met.update(r[3] for r in rows
                        if r[0] is not None or (r[12] is None and r[14] is None))
-    _advance(reading, entries)
-
-
-def _read_groups(
-    request: Request, known: KeyState, reading: _Reading, window: int,
-    exclude: frozenset[str | None],
-) -> Steps0:
-    assert reading.universe is not None
-    groups = reading.universe - exclude
-    if not groups:
-        # Every group of the queue is left out: nothing to read.
-        reading.complete = True
-        return
-    statement, per_group = _group_rows(request, known, reading, window, groups)
-    rows = yield statement
-    _apply_group_rows(known, reading, rows, per_group, groups)
-
-
-def _group_rows(request: Request, known: KeyState, reading: _Reading, window: int,
-                groups: frozenset[str | None]) -> tuple[Statement, int]:
-    """The read of the next rows of each of ``groups`` (claim_group_rows), and
-    how many it asks of each. Each group is read after its own reach, or after
-    the windows' last entry if it was not read per group yet."""
-    keys = sorted(k for k in groups if k is not None)
-    # Each group gets a share of the window. No group can place more than
-    # `slots` rows in the claim, so the first read asks for at most that many
-    # (one group holding the queue: `slots` rows, not the whole window); later
-    # reads (rows that were not ready for us, or groups that need more rows) for
-    # at least that many.
-    share = -(-window // max(1, len(groups)))
-    per_group = (max if reading.group_reads else min)(request.slots, share)
-    reading.group_reads += 1
-    starts = [_after_params(_group_after(reading, key)) for key in keys]
-    params = {
-        **request.params(),
-        **_after_params(_group_after(reading, None) if None in groups else None),
-        **known.params(reading.excluded),
-        "keys": keys, "null_group": None in groups, "per_group": per_group,
-        "from_priority": [a["after_priority"] for a in starts],
-        "from_run_at": [a["after_run_at"] for a in starts],
-        "from_id": [a["after_id"] for a in starts],
-    }
-    return prepared("claim_group_rows", params), per_group
-
-
-def _group_after(reading: _Reading, group: str | None) -> Position | None:
-    after = reading.reach.get(group, reading.after)
-    assert after is not None or group not in reading.reach, "a group read to its end again"
-    return after
-
-
-def _apply_group_rows(known: KeyState, reading: _Reading, rows: list[Row], per_group: int,
-                      groups: frozenset[str | None]) -> None:
-    """Each group read returned at most per_group entries after its own start:
-    every entry of it is now read up to its last one returned (its reach,
-    planner.View.reach), or to its end if it returned fewer."""
-    entries = _entries(rows, known)
-    counts: Counter[str | None] = Counter(e.key for e, _ in entries)
-    last = {entry.key: entry.position for entry, _ in entries}
-    for group in groups:
-        reading.reach[group] = last[group] if counts[group] >= per_group else None
-    reading.complete = all(g in reading.reach and reading.reach[g] is None
-                           for g in (reading.universe or groups) - reading.excluded)
-    added = [e for e, ready in entries if ready]
-    if added:
-        # In queue order (the planner's rows are): a group read further than
-        # the others before may have rows after those read now.
-        reading.rows.extend(added)
-        reading.rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
-
-
-def _advance(reading: _Reading, entries: list[tuple[planner.Row, bool]]) -> None:
-    if entries:
-        reading.after = entries[-1][0].position
-    reading.rows.extend(e for e, ready in entries if ready)
-
-
-def _groups(request: Request, guarded: bool) -> Statement:
-    """The bounded skip scan of the queue's groups (claim_groups). ``guarded``:
-    only if the queue's first entries (as many as the default first window,
-    however large the claim's first window is) show few groups."""
-    window = planner.first_window(request.slots) if guarded else 0
-    params = {"queue": request.queue, "now": request.now, "bound": GROUP_SCAN_BOUND,
-              "window": window, "try": GROUP_SCAN_TRY, "fair": request.fair}
-    return prepared("claim_groups", params)
-
-
-def _guarded_groups(request: Request) -> tuple[Statement, ...]:
-    """The guarded skip scan for a claim's first round trip; none when the
-    last claim of the queue read rows of many groups (Hints.many_groups): the
-    guard would only say so again, and on a queue of thousands of small keys
-    whose head shows few (N/5 keys x 5) the scan would run its 64 probes for
-    nothing at every claim."""
-    if request.hints.many_groups:
-        return ()
-    return (_groups(request, guarded=True),)
-
-
-def _learn_groups(known: KeyState, reading: _Reading, row: Row) -> None:
-    scanned, keys, has_null, busy, null_busy = row
-    if not scanned:
-        reading.crowded = True  # the guard saw many groups in the head
-        return
-    reading.scanned_groups = True
-    reading.crowded = len(keys) >= GROUP_SCAN_BOUND
-    if reading.crowded:
-        return
-    groups: set[str | None] = set(keys)
-    if has_null:
-        groups.add(None)
-    reading.universe = frozenset(groups)
-    if busy is not None:  # fair: every group's running jobs in the queue
-        for key, count in zip(keys, busy, strict=True):
-            known.busy.setdefault(key, count)
-        if has_null:
-            known.busy.setdefault(None, null_busy)
-
-
-def _scan_groups(request: Request, known: KeyState, reading: _Reading) -> Steps0:
-    """Try to list every group of the queue (bounded skip scan, unguarded: with
-    window 0 it always runs, and _learn_groups records that it did)."""
-    rows = yield _groups(request, guarded=False)
-    _learn_groups(known, reading, rows[0])
+    advance(reading, entries)
 
 
 def _load_state(request: Request, known: KeyState, need: planner.NeedState) -> Steps0:
@@ -337,7 +143,7 @@ def _remembered(request: Request, keys: Sequence[str]) -> Statement:
     return prepared("claim_remembered", {"keys": key_list(keys), "now": request.now})
 
 
-def _start_with_state(request: Request, known: KeyState, reading: _Reading,
+def _start_with_state(request: Request, known: KeyState, reading: Reading,
                       first_size: int) -> Opens:
     """The first round trip of a claim that remembers many blocked keys
     (:class:`akadze.claim._hints.Memory`): its opening and the first window as
@@ -353,7 +159,7 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
         first=first_size))
     assert isinstance(assumed, planner.ReadMore)
     params = {
-        **request.params(), **_after_params(None), **known.params(frozenset()),
+        **request.params(), **after_params(None), **known.params(frozenset()),
         "window": assumed.window, "need": assumed.need,
         "skip_free": key_list(()), "skip_limited": key_list(()), "skip_null": False,
         "remembered": key_list(keys),
@@ -364,7 +170,7 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
     }
     settings, swept, rows, *groups = yield Batch((
         *_opening(request), prepared("claim_window_judged", params),
-        *_guarded_groups(request)))
+        *guarded_groups(request, GROUP_SCAN_BOUND, GROUP_SCAN_TRY)))
     cancelled = _opened(known, settings, swept)
     left_out = next((r[12] for r in rows if r[0] is None and r[12] is not None), ())
     for key in left_out:
@@ -374,11 +180,11 @@ def _start_with_state(request: Request, known: KeyState, reading: _Reading,
     _apply_window(known, reading, rows, assumed.window)
     # The skip scan's answer does not depend on the window's.
     for row in groups:
-        _learn_groups(known, reading, row[0])
+        learn_groups(known, reading, row[0], GROUP_SCAN_BOUND)
     return cancelled
 
 
-def _start_with_heads(request: Request, known: KeyState, reading: _Reading) -> Opens:
+def _start_with_heads(request: Request, known: KeyState, reading: Reading) -> Opens:
     """The first round trip of a claim that remembers the queue's groups (a
     skip scan listed them all last time): its opening, the remembered blocked
     keys' state, and the first rows of every group of the queue but those keys,
@@ -412,7 +218,7 @@ def _start_with_heads(request: Request, known: KeyState, reading: _Reading) -> O
     # The scan's row (id and key null, `scanned` set); none for a paused queue.
     listed = next((r[11] for r in rows if r[0] is None and r[11] is not None), None)
     if listed is None or listed >= GROUP_SCAN_BOUND:
-        _entries(rows, known)
+        entries_of(rows, known)
         reading.crowded = listed is not None
         return cancelled
     read = frozenset(r[3] for r in rows if r[0] is not None)
@@ -420,7 +226,7 @@ def _start_with_heads(request: Request, known: KeyState, reading: _Reading) -> O
     reading.universe = read | frozenset(blocked)
     reading.excluded = frozenset(k for k in blocked if known.room.get(k) == 0)
     reading.window, reading.group_reads = window, 1
-    _apply_group_rows(known, reading, rows, per_group, read)
+    apply_group_rows(known, reading, rows, per_group, read)
     return cancelled
 
 
@@ -445,7 +251,7 @@ def windowed_steps(request: Request) -> Steps:
     # lock, taken holding nothing; then claim_sweep. It carries the first read:
     # a window, or with few remembered groups a read per group; with many
     # remembered blocked keys, their state and a window that leaves them out.
-    reading = _Reading(rows=[])
+    reading = Reading(rows=[])
     cancelled: list[ClaimedJob] = []
     first = True
     # The first window holds what the last claim needed, and a claim's worth
@@ -498,7 +304,7 @@ def windowed_steps(request: Request) -> Steps:
                     waited = True
                     yield from wait_first(request, known)
                 # From the head; the groups listed by a skip scan stay listed.
-                reading = _again(reading)
+                reading = again(reading)
                 continue
             if isinstance(decision, planner.NeedState):
                 yield from _load_state(request, known, decision)
@@ -506,14 +312,14 @@ def windowed_steps(request: Request) -> Steps:
             if (reading.universe is None and not reading.scanned_groups and reading.window
                     and not hints.many_groups
                     and len(reading.met) <= GROUP_SCAN_TRY):
-                yield from _scan_groups(request, known, reading)
+                yield from scan_groups(request, known, reading, GROUP_SCAN_BOUND, GROUP_SCAN_TRY)
                 if reading.universe is not None:
                     continue  # plan again: fair groups may need their busy counts
             reading.window = decision.window
             reading.excluded = decision.exclude
             reading.rows = planner.prune(reading.rows, known.room, reading.excluded)
             if reading.universe is not None:
-                yield from _read_groups(request, known, reading, decision.window,
+                yield from read_groups(request, known, reading, decision.window,
                                         decision.exclude)
             else:
                 cancelled += yield from _read_window(
@@ -540,7 +346,7 @@ def windowed_steps(request: Request) -> Steps:
             committing = False
             known = KeyState(request.fair)
             cancelled += yield from _reopen(request, known)
-            reading, skip, waited = _Reading(rows=[]), set(), False
+            reading, skip, waited = Reading(rows=[]), set(), False
             continue
         got = yield from take(request, planned)
         claimed.extend(got)
@@ -551,7 +357,7 @@ def windowed_steps(request: Request) -> Steps:
         # head, leaving them out.
         got_ids = {job.id for job in got}
         skip.update(i for i in planned if i not in got_ids)
-        reading = _again(reading)
+        reading = again(reading)
     cancelled.sort(key=lambda job: job.id)
     if request.on_done is not None:
         # For the next claim: the keys without room now (this claim's starts
@@ -572,21 +378,14 @@ def windowed_steps(request: Request) -> Steps:
     return (yield from finish(cancelled, claimed))
 
 
-def _needed(reading: _Reading, planned: set[int]) -> int:
+def _needed(reading: Reading, planned: set[int]) -> int:
     """How many of the rows read come up to the last planned one (the rows read
     are in queue order). Not how many were read: a window larger than the
     claim needed must not make the next one as large."""
     return max((n for n, row in enumerate(reading.rows, 1) if row.id in planned), default=0)
 
 
-def _again(reading: _Reading) -> _Reading:
-    """A new reading from the head (a re-plan); what a skip scan found about
-    the groups stays."""
-    return _Reading(rows=[], universe=reading.universe, scanned_groups=reading.scanned_groups,
-                    crowded=reading.crowded)
-
-
-def _many_groups(request: Request, reading: _Reading) -> bool:
+def _many_groups(request: Request, reading: Reading) -> bool:
     """Hints.many_groups for the next claim: what the skip scan or its guard
     said, if it ran; else (the hint spared it) whether the head of the queue
     read still shows as many groups as the guard tolerates. So the hint lasts
