@@ -39,8 +39,9 @@ class Case:
     slots: int
     fair: bool
     tasks: list[str] | None
-    # how the windowed claim reads: default thresholds, no group scan, or a scan
-    # bound too small to list every group
+    # how the windowed claim reads: default thresholds, no group scan, a scan
+    # bound too small to list every group, or reads per group after windows
+    # found to be dominated (DOMINATED_RATIO)
     scan: str
     # what the windowed claim remembers from a previous claim on the connection
     # (hints: any blocked keys, limited or not, existing or not, any groups,
@@ -117,7 +118,7 @@ def cases(draw: st.DrawFn) -> Case:
         slots=draw(st.sampled_from([1, 3, 20])),
         fair=draw(st.booleans()),
         tasks=draw(st.sampled_from([None, None, ["a"], ["a", "b"]])),
-        scan=draw(st.sampled_from(["default", "off", "small"])),
+        scan=draw(st.sampled_from(["default", "off", "small", "wide"])),
         # limited keys twice as likely: a remembered key near its limit is the
         # case a wrong "still without room" would get wrong
         remembered=tuple(draw(st.lists(st.sampled_from([*limited, *limited, *KEYS[1:], "gone"]),
@@ -191,6 +192,14 @@ def scan_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
             monkeypatch.setattr(claim_module, "GROUP_SCAN_TRY", 100)
             monkeypatch.setattr(claim_module, "GROUP_SCAN_BOUND", 3)
             monkeypatch.setattr(claim_module, "MEMORY_FROM", 1)
+        elif mode == "wide":
+            # every window that leaves keys out of the free part counts as
+            # dominated: the claim turns from windows to reads per group midway
+            # (the ordinary skip scan too small to list the groups first)
+            monkeypatch.setattr(claim_module, "GROUP_SCAN_BOUND", 2)
+            monkeypatch.setattr(claim_module, "DOMINATED_FROM", 0)
+            monkeypatch.setattr(claim_module, "DOMINATED_RATIO", 0)
+            monkeypatch.setattr(claim_module, "WIDE_GROUP_SCAN", 100)
         else:
             monkeypatch.undo()
         monkeypatch.setattr(claim_module, "SPLIT_MAX", split_max)
@@ -217,8 +226,12 @@ def run(conn: Conn, case: Case, claim_fn: Callable[..., Any]) -> tuple[Any, ...]
 def check(conn: Conn, case: Case, scan_mode: Callable[..., None]) -> None:
     expected = run(conn, case, claim_oracle)
     scan_mode(case.scan, case.split_max)
-    memory.put(conn, "q", Hints(case.remembered, case.read, case.groups, case.many_groups,
-                                   case.unflagged))
+    # "wide" reads windows from the head (no remembered groups or read size), so
+    # that a claim meets the windows it watches
+    wide = case.scan == "wide"
+    memory.put(conn, "q", Hints(case.remembered, 0 if wide else case.read,
+                                None if wide else case.groups, case.many_groups,
+                                case.unflagged, dominated=wide))
     got = run(conn, case, claim)
     assert got[0] == expected[0], "claimed jobs differ"
     assert got[1] == expected[1], "effects differ"

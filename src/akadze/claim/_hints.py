@@ -28,7 +28,10 @@ class Hints:
     it read showed more groups than a skip scan is tried for (the next claim
     does not try it). ``unflagged``: those of ``blocked`` whose jobs it met in
     the free part of the queue (queued before the key had its limit): the next
-    claim leaves them out of that part too (ready_window_parts).
+    claim leaves them out of that part too (ready_window_parts). ``dominated``:
+    its windows read mostly the entries of the keys they left out of the free
+    part; ``wide``: how many more claims may list the queue's groups with the wide
+    skip scan (akadze.claim._windows, DOMINATED_RATIO).
     """
 
     blocked: tuple[str, ...] = ()
@@ -36,6 +39,8 @@ class Hints:
     groups: frozenset[str | None] | None = None
     many_groups: bool = False
     unflagged: frozenset[str] = frozenset()
+    dominated: bool = False
+    wide: int = 0
 
 
 _NO_HINTS = Hints()

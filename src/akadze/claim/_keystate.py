@@ -47,11 +47,14 @@ class KeyState:
     # only one that may take the route).
     opened: frozenset[str] | None = None
     fresh: bool = True
+    # claim_start's count of the free part's entries read (claim_free_read).
+    free_read_at_start: int = 0
 
     def started(self, rows: list[Row]) -> None:
         """The settings claim_start replaced (restored before the hooks run)."""
         self.settings = {name: rows[0][number] for number, name in enumerate(
             ("plan_cache_mode", "jit", "enable_seqscan", "enable_bitmapscan"))}
+        self.free_read_at_start = int(rows[0][11] or 0)
 
     def params(self, exclude: frozenset[str | None]) -> dict[str, object]:
         """The keys whose state a reading statement need not return again (the

@@ -44,6 +44,22 @@ GROUP_SCAN_BOUND = 64
 # first round trip) or the rows read so far show at most this many keys (a queue
 # that shows many keys in its head rarely has few in total).
 GROUP_SCAN_TRY = 16
+# A window that leaves keys out of the free part filters their entries one index
+# tuple at a time: behind a key that holds most of the queue (its turns hopeless
+# in fair order), a window of 160 read 90 000 entries (25 ms of a claim). When the
+# claim's scans of jobs_ready_free_idx have read more than DOMINATED_RATIO entries
+# per entry the windows returned, and at least DOMINATED_FROM, the windows were
+# dominated. When the last claim's were too (Hints.dominated: one claim is not
+# enough, the entries of a mass completion's dead rows count until a scan marks
+# them dead), the claim lists the queue's groups with a skip scan of up to
+# WIDE_GROUP_SCAN keys and, if that lists them all, reads per group from there
+# on (a probe per group, whatever their backlogs); the next WIDE_CLAIMS claims
+# read per group from the start while the list stays complete, and then windows
+# again, which find out anew whether they are dominated.
+DOMINATED_FROM = 4096
+DOMINATED_RATIO = 8
+WIDE_GROUP_SCAN = 1024
+WIDE_CLAIMS = 64
 
 # A window leaves out remembered blocked keys (akadze.claim._hints) only from this
 # many on. Finding a few blocked keys costs a claim a window at most; leaving
@@ -91,8 +107,13 @@ def _read_window(
     the queue's groups (claim_groups), unless the last claim saw many groups."""
     statement = _window(request, known, reading, window, exclude, need)
     if not first:
-        rows = yield statement
+        if not _watched(reading, statement):
+            rows = yield statement
+            _apply_window(known, reading, rows, window)
+            return []
+        rows, read = yield Batch((statement, prepared("claim_free_read", {})))
         _apply_window(known, reading, rows, window)
+        reading.free_read = int(read[0][0] or 0) - known.free_read_at_start
         return []
     scan = guarded_groups(request, GROUP_SCAN_BOUND, GROUP_SCAN_TRY)
     settings, swept, rows, *groups = yield Batch((*_opening(request), statement, *scan))
@@ -101,6 +122,24 @@ def _read_window(
     for row in groups:
         learn_groups(known, reading, row[0], GROUP_SCAN_BOUND)
     return cancelled
+
+
+def _watched(reading: Reading, statement: Statement) -> bool:
+    """Whether a window is sent with claim_free_read: one that leaves keys out of
+    the free part (it filters their entries), while the queue's groups are not
+    listed and no wide skip scan was tried yet."""
+    params = statement.params
+    skip_free = params.get("skip_free") if isinstance(params, dict) else None
+    return (reading.universe is None and not reading.widened
+            and bool(getattr(skip_free, "obj", None)))
+
+
+def _dominated(reading: Reading) -> bool:
+    """The free part's scans read mostly the entries of keys left out
+    (DOMINATED_RATIO): the queue's groups are worth listing (WIDE_GROUP_SCAN)."""
+    return (reading.universe is None and not reading.widened
+            and reading.free_read >= DOMINATED_FROM
+            and reading.free_read > DOMINATED_RATIO * reading.returned)
 
 
 def _window(request: Request, known: KeyState, reading: Reading, window: int,
@@ -123,6 +162,7 @@ def _apply_window(known: KeyState, reading: Reading, rows: list[Row], window: in
     # claim_entries_cut_with_state, claim_window_judged's; null elsewhere).
     scanned, cuts = next(((r[11], r[13]) for r in rows if r[0] is not None), (0, 0))
     reading.complete = len(entries) + (cuts or 0) == scanned < window
+    reading.returned += len(entries) + (cuts or 0)
     reading.met.update(r[3] for r in rows
                        if r[0] is not None or (r[12] is None and r[14] is None))
     advance(reading, entries)
@@ -202,13 +242,16 @@ def _start_with_heads(request: Request, known: KeyState, reading: Reading) -> Op
     assert hints.groups is not None
     blocked = hints.blocked
     window = planner.first_window(request.slots)
+    # A list longer than the skip scan's bound came from a wide scan (DOMINATED_RATIO),
+    # good for the claims Hints.wide says
+    bound = WIDE_GROUP_SCAN if hints.wide else GROUP_SCAN_BOUND
     share = -(-window // max(1, len(hints.groups - frozenset(blocked))))
     per_group = min(request.slots, share)
     statements = [*_opening(request)]
     if blocked:
         statements.append(_remembered(request, blocked))
     statements.append(prepared("claim_group_heads", {
-        **request.params(), **known.params(frozenset()), "bound": GROUP_SCAN_BOUND,
+        **request.params(), **known.params(frozenset()), "bound": bound,
         "per_group": per_group, "skip": key_list(blocked)}))
     replies = iter((yield Batch(tuple(statements))))
     cancelled = _opened(known, next(replies), next(replies))
@@ -217,7 +260,7 @@ def _start_with_heads(request: Request, known: KeyState, reading: Reading) -> Op
     rows: list[Row] = next(replies)
     # The scan's row (id and key null, `scanned` set); none for a paused queue.
     listed = next((r[11] for r in rows if r[0] is None and r[11] is not None), None)
-    if listed is None or listed >= GROUP_SCAN_BOUND:
+    if listed is None or listed >= bound:
         entries_of(rows, known)
         reading.crowded = listed is not None
         return cancelled
@@ -326,6 +369,12 @@ def windowed_steps(request: Request) -> Steps:
                     request, known, reading, decision.window, decision.exclude,
                     decision.need, first=first)
                 first = False
+                if _dominated(reading):
+                    reading.dominated = True
+                    if hints.dominated:
+                        reading.widened = True
+                        yield from scan_groups(request, known, reading, WIDE_GROUP_SCAN,
+                                               WIDE_GROUP_SCAN)
         # The first read took the queue's turn (claim_start) before anything else.
         assert known.settings is not None
         planned = decision.take
@@ -369,7 +418,8 @@ def windowed_steps(request: Request) -> Steps:
             unflagged=frozenset(key for key in blocked if key in known.unflagged),
             read=reading.needed if reading.universe is None else 0,
             groups=reading.universe,
-            many_groups=_many_groups(request, reading)))
+            many_groups=_many_groups(request, reading),
+            dominated=reading.dominated, wide=_wide(request, reading)))
     if known.settings is not None and request.hooks:
         # The hooks run with the caller's settings (no round trip: this travels
         # with the hooks' first statement). Without hooks nothing more runs in
@@ -383,6 +433,18 @@ def _needed(reading: Reading, planned: set[int]) -> int:
     are in queue order). Not how many were read: a window larger than the
     claim needed must not make the next one as large."""
     return max((n for n, row in enumerate(reading.rows, 1) if row.id in planned), default=0)
+
+
+def _wide(request: Request, reading: Reading) -> int:
+    """Hints.wide for the next claim: WIDE_CLAIMS after a wide skip scan listed
+    the queue's groups, one less after a claim that read them per group from the
+    start (0: the next claim reads windows, or per group only within
+    GROUP_SCAN_BOUND)."""
+    if reading.widened and reading.universe is not None:
+        return WIDE_CLAIMS
+    if reading.universe is not None and request.hints.wide:
+        return request.hints.wide - 1
+    return 0
 
 
 def _many_groups(request: Request, reading: Reading) -> bool:

@@ -248,6 +248,17 @@ WITH window_rows AS MATERIALIZED (
 -- include: claim_window_early_stop
 -- include: claim_entries_cut_with_state
 
+-- name: claim_free_read
+-- How many entries of jobs_ready_free_idx this backend's scans have read, those
+-- their exclusions filtered out included: the backend's own count
+-- (pg_stat_get_xact_tuples_returned, kept as the scans run, since the backend
+-- last reported its statistics: the claim takes the difference from claim_start's
+-- `free_read`; 0 with track_counts off). Sent after a window that leaves keys out of the free part,
+-- in its round trip: when that part's reads are mostly the entries of the keys
+-- left out, the claim lists the queue's groups and reads per group instead
+-- (akadze.claim._windows, DOMINATED_RATIO).
+SELECT pg_stat_get_xact_tuples_returned('akadze.jobs_ready_free_idx'::regclass)
+
 -- name: claim_groups
 -- A bounded skip scan of jobs_ready_key_idx (queue, limit_key, ...): the
 -- distinct non-null keys with queued rows in the queue, one index probe each
@@ -695,7 +706,10 @@ SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
                   coalesce(%(synchronous_commit)s::text,
                            current_setting('synchronous_commit')), true),
        set_config('akadze.claim_locked', '{}', true),
-       set_config('akadze.claim_now', clock_timestamp()::text, true)
+       set_config('akadze.claim_now', clock_timestamp()::text, true),
+       -- where claim_free_read's count stands as the claim begins (it counts
+       -- since the backend last reported its statistics, not per transaction)
+       pg_stat_get_xact_tuples_returned('akadze.jobs_ready_free_idx'::regclass) AS free_read
 FROM (SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))) AS turn
 
 -- name: claim_plan_restore
