@@ -47,8 +47,10 @@ class Reading:
     # with its state): how many groups the head of the queue shows.
     met: set[str | None] = field(default_factory=set)
     # Entries the windows returned (or cut), and what the claim's scans of
-    # jobs_ready_free_idx have read (claim_free_read; 0: not asked), and whether
-    # a wide skip scan was tried (akadze.claim._windows, DOMINATED_RATIO).
+    # jobs_ready_free_idx have read (claim_free_read; 0: not asked), both for the
+    # whole transaction (kept when a claim reads again from the head); whether
+    # they were dominated, and whether a wide skip scan was tried
+    # (akadze.claim._windows, DOMINATED_RATIO).
     returned: int = 0
     free_read: int = 0
     dominated: bool = False
@@ -103,5 +105,5 @@ def again(reading: Reading) -> Reading:
     """A new reading from the head (a re-plan); what a skip scan found about
     the groups stays."""
     return Reading(rows=[], universe=reading.universe, scanned_groups=reading.scanned_groups,
-                   crowded=reading.crowded, dominated=reading.dominated,
-                   widened=reading.widened)
+                   crowded=reading.crowded, returned=reading.returned,
+                   dominated=reading.dominated, widened=reading.widened)
