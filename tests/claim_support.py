@@ -1,4 +1,5 @@
-"""Watching a claim's steps: which statements each round trip sends.
+"""Watching a claim's steps: which statements each round trip sends; and a claim
+checked against the reference claim on the same queue, then undone.
 
 ``watch_steps`` wraps the windowed claim's step generator so that a test sees every
 step the claim yields (a :class:`Batch` or a :class:`Statement`) with the names of its
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 
 from akadze import queries
-from akadze.claim import _drivers, _windows
+from akadze.bench import queries as bench_queries
+from akadze.claim import _drivers, _windows, claim, claim_oracle
 from akadze.claim._steps import Batch, Request, Statement, Steps
 
 #: The name of every named query, by the identity of its text.
@@ -43,3 +45,19 @@ def watch_steps(monkeypatch: pytest.MonkeyPatch, *, on_claim: Callable[[], None]
             reply = yield step
 
     monkeypatch.setattr(_drivers, "windowed_steps", watched)
+
+
+def unclaim(conn: Any, ids: list[int]) -> None:
+    """Undo a claim exactly (the bench's restore), so the next claim meets the same queue."""
+    conn.execute(bench_queries.get("bench_restore"), {"ids": ids})
+
+
+def claim_as_reference(conn: Any, **how: Any) -> list[int]:
+    """The windowed claim's ids, after checking them against the reference claim's on
+    the same queue (both undone: the queue is left as it was)."""
+    expected = [job.id for job in claim_oracle(conn, **how)]
+    unclaim(conn, expected)
+    got = [job.id for job in claim(conn, **how)]
+    unclaim(conn, got)
+    assert got == expected
+    return got
