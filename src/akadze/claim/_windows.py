@@ -107,13 +107,12 @@ def _read_window(
     the queue's groups (claim_groups), unless the last claim saw many groups."""
     statement = _window(request, known, reading, window, exclude, need)
     if not first:
-        if not _watched(reading, statement):
+        if _watched(reading, statement):
+            rows, read = yield Batch((statement, prepared("claim_free_read", {})))
+            reading.free_read = int(read[0][0] or 0) - known.free_read_at_start
+        else:
             rows = yield statement
-            _apply_window(known, reading, rows, window)
-            return []
-        rows, read = yield Batch((statement, prepared("claim_free_read", {})))
         _apply_window(known, reading, rows, window)
-        reading.free_read = int(read[0][0] or 0) - known.free_read_at_start
         return []
     scan = guarded_groups(request, GROUP_SCAN_BOUND, GROUP_SCAN_TRY)
     settings, swept, rows, *groups = yield Batch((*_opening(request), statement, *scan))

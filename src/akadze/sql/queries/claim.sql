@@ -247,6 +247,7 @@ WITH window_rows AS MATERIALIZED (
 )
 -- include: claim_window_early_stop
 -- include: claim_entries_cut_with_state
+-- include: claim_opened_row
 
 -- name: claim_free_read
 -- How many entries of jobs_ready_free_idx this backend's scans have read, those
@@ -771,7 +772,8 @@ WHERE st.limited OR st.busy > 0
 -- `keys`, the remembered keys it left out as still without room):
 -- claim_entries_with_state, with the cut below, and then the left-out keys in
 -- one row (id NULL, left_out not null: a claim remembering a thousand blocked
--- keys receives and parses one row, not a thousand). Only there: the cut costs
+-- keys receives and parses one row, not a thousand); then claim_opened_row.
+-- Only there: the cut costs
 -- two sorts of the entries, which a window of many unlimited groups pays for
 -- nothing ("200 of 400 groups busy" was 1.6x slower with it in every window).
 --
@@ -853,11 +855,6 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, lo.keys, NULL,
        NULL
 FROM left_out lo
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       w.opened
-FROM window_rows w WHERE w.id IS NULL AND w.opened IS NOT NULL
-ORDER BY 2 DESC NULLS LAST, 3, 1
 
 -- fragment: claim_key_state
 -- The rest of a SELECT of the state of each key of `met` (limit_key), after the
@@ -1026,10 +1023,10 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
 )
 
 -- fragment: claim_opened_row
--- The end of the window statements after claim_entries_with_state: the open
--- route's keys (ready_window_open, migration 0018), if the window took it, in
--- one row after the entries (id and limit_key NULL; CTE `window_rows`), and
--- the order of claim_entries_with_state's rows.
+-- The end of the window statements after claim_entries_with_state (or
+-- claim_entries_cut_with_state): the open route's keys (ready_window_open,
+-- migration 0018), if the window took it, in one row after the entries (id and
+-- limit_key NULL; CTE `window_rows`), and the order of all their rows.
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        w.opened
