@@ -190,7 +190,16 @@ def _claim_plans(database_url: str, scenario: cs.Scenario, stale: str,
     return found
 
 
-CASES = [(scenario, "empty") for scenario in cs.SCENARIOS] + [
+# "1 000 keys at their limit" with 20 more keys that have room, their jobs among
+# those of the keys at their limit: the first window takes the open route
+# (migration 0018) and reads the limited part per key with room.
+SOME_ROOM = cs.Scenario(
+    "at-limit-some-room", "1 000 keys at their limit and 20 with room, then free ones",
+    ("fair", "default"),
+    lambda n: (cs.Segment(0.2, keys=1020, prefix="b"), cs.Segment(0.8, keys=8000, prefix="f")),
+    running=(cs.Running("b", 1000),), limited=(cs.Limited("b", 1020),))
+
+CASES = [(scenario, "empty") for scenario in (*cs.SCENARIOS, SOME_ROOM)] + [
     (scenario, stale) for scenario in cs.SCENARIOS for stale in ("small", "finished")
     if scenario.name in ("at-limit-then-free", "busy-groups", "half-one-key")]
 
@@ -301,3 +310,24 @@ def test_claim_settings_are_the_callers_again_in_hooks(app: Akadze, database_url
             " current_setting('plan_cache_mode'), current_setting('jit')").fetchone()
     assert seen == [("on", "off", "force_custom_plan", "on")] * 2
     assert after == ("on", "off", "force_custom_plan", "on")
+
+
+def test_the_open_route_reads_each_key_with_room_through_its_own_entries(
+    database_url: str,
+) -> None:
+    """At 100 000 ready jobs on statistics taken while the queue was empty, the open
+    route's read of each key with room (migration 0018) probes that key's entries in
+    jobs_ready_key_idx; read through jobs_ready_limited_idx, filtering by key, each of
+    the 20 keys cost a scan of the whole limited part (400 000 entries, 60 ms)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        cs.stale_tables(conn)
+        cs.build(conn, SOME_ROOM, 100_000, stale=True)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for statement in AUTO_EXPLAIN:
+            conn.execute(statement)
+        for order in SOME_ROOM.orders:
+            with explained(conn) as plans:
+                got = _claims(conn, order, 3)
+            assert len(got) == 3 * cs.SLOTS
+            # the windows and the 20 keys' own entries: a few hundred rows each
+            _check(plans, [2000.0] * len(plans))
