@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from worker_support import Events, eventually, insert_job
 
 from akadze import Akadze, Worker, current
@@ -88,3 +89,36 @@ async def test_a_start_rate_limited_job_starts_when_the_window_opens(
     # Two per window, never more (the limit holds), each pair a window after the last.
     assert starts[2] - starts[0] >= timedelta(seconds=1)
     assert starts[4] - starts[2] >= timedelta(seconds=1)
+
+
+def test_the_next_start_query_tells_a_window_open_already_from_a_key_held_otherwise(
+    conn: psycopg.Connection[Any]
+) -> None:
+    """limit_next_start, which a claim loop asks when its claim left keys without
+    room: the opening in the server's clock with the clock itself (the loop turns
+    one into its own time by the other); no opening but `open_now` for a window
+    already open while the key has room by its count (a claim that came a moment
+    too early claims again instead of waiting for a poll); neither for a key held
+    by max_running."""
+    from psycopg.types.json import Jsonb
+
+    from akadze import queries
+
+    def next_start(key: str) -> tuple[Any, ...]:
+        row = conn.execute(queries.get("limit_next_start"),
+                           {"keys": Jsonb([key]), "now": None}).fetchone()
+        assert row is not None
+        return tuple(row)
+
+    set_limit_sync(conn, "held", max_starts=1, window=timedelta(hours=1))
+    job = insert_job(conn, "t", limit_key="held", limited=True)
+    conn.execute("INSERT INTO akadze.start_marks (key, started_at, job_id) "
+                 "VALUES ('held', now() - interval '1 minute', %s)", (job,))
+    seconds, opens, clock, open_now = next_start("held")
+    assert 3500 < seconds <= 3540 and opens - clock == pytest.approx(seconds, abs=5)
+    assert not open_now
+
+    set_limit_sync(conn, "open", max_starts=1, max_running=1, window=timedelta(hours=1))
+    assert next_start("open")[0] is None and next_start("open")[3] is True
+    conn.execute("UPDATE akadze.limits SET running = 1 WHERE key = 'open'")
+    assert next_start("open")[0] is None and next_start("open")[3] is False

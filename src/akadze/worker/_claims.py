@@ -69,6 +69,7 @@ from .. import backoff, queries
 from ..claim import claim, memory
 from ..jobs import ClaimedJob, job_rows
 from ._connections import Connections
+from ._serverclock import ServerClock
 from ._state import Run, WorkerState, wait_for
 from ._wakeup import IDLE_EASING, Wakeup
 
@@ -138,6 +139,8 @@ class ClaimLoop:
         #: The keys the last claim of the queue left without room (what a hand-off
         #: may step over, :mod:`._handoffs`).
         self.blocked: tuple[str, ...] = ()
+        self._server_clock = ServerClock()  # when start-rate windows open, here
+        self._claimed_open = False  # claimed again for a window found open (_next_start)
 
     # -- what the worker sees -------------------------------------------------------------
 
@@ -237,13 +240,33 @@ class ClaimLoop:
         return jobs, self.blocked if len(jobs) < free else ()
 
     async def _next_start(self, keys: tuple[str, ...]) -> float | None:
-        """Seconds until the soonest start-rate window of ``keys`` opens (None: none
-        of them is held by a start-rate limit)."""
+        """The loop time at which the soonest start-rate window of ``keys`` opens
+        (None: none of them is held by a start-rate limit)."""
+        loop = asyncio.get_running_loop()
+        now = self._settings.sql_now()
         async with self._connections.claim_connection() as conn:
             cur = await conn.execute(queries.get("limit_next_start"), {
-                "keys": Jsonb(list(keys)), "now": self._settings.sql_now()})
+                "keys": Jsonb(list(keys)), "now": now})
             row = await cur.fetchone()
-        return None if row is None or row[0] is None else float(row[0])
+            received = loop.time()
+        if row is None:
+            return None
+        if row[0] is None:
+            # No window to wait for. One open already, with nothing else known to
+            # hold its key: the claim came too early (the two clocks drifted); claim
+            # again now, once (until
+            # a window is waited for again), in case something else held it.
+            if row[3] and not self._claimed_open:
+                self._claimed_open = True
+                return received
+            return None
+        self._claimed_open = False
+        if now is not None:
+            # An injected clock: its moments are not the server's; count from the
+            # reply, as far as such a clock has a notion of waiting.
+            return received + max(float(row[0]), 0.0)
+        self._server_clock.observed(received, float(row[2]))
+        return self._server_clock.to_loop(float(row[1]))
 
     def _take(self, jobs: list[ClaimedJob]) -> None:
         """Jobs just claimed: into the buffer, then into the free slots."""
@@ -413,8 +436,8 @@ class ClaimLoop:
             # Drained: wait for a notification (new jobs, or room for a limited key),
             # the polling timer or a known due time (such as the moment a start-rate
             # window of a key the claim left without room opens).
-            if blocked:
-                await self._when_window_opens(blocked)
+            if blocked and await self._when_window_opens(blocked):
+                continue  # a window is open already: claim again, not wait
             if (IDLE_EASING.look_first and wakeup.waits_long()
                     and not wakeup.notified(self.queue)):
                 # Learn when the next queued job is due, to wait for it rather than
@@ -487,15 +510,25 @@ class ClaimLoop:
         wakeup.looked(self.queue, ready, None if row[2] is None else float(row[2]))
         return ready
 
-    async def _when_window_opens(self, keys: tuple[str, ...]) -> None:
+    async def _when_window_opens(self, keys: tuple[str, ...]) -> bool:
+        """Wake the loop when the soonest start-rate window of ``keys`` opens; True
+        when one is open already (claim again now: a due time already past would be
+        dropped as served)."""
         loop = asyncio.get_running_loop()
         try:
             opens = await self._next_start(keys)
         except Exception as exc:  # the poll still finds the window open
             logger.debug("could not read when the start-rate windows open: %s", exc)
-            return
-        if opens is not None:
-            self._wakeup.due_at(self.queue, loop.time() + max(opens, 0.0))
+            return False
+        if opens is None:
+            return False
+        if opens <= loop.time():
+            return True
+        # No margin: the opening in loop time is never early (a claim that came too
+        # early would find no room and learn the opening again, never take a start
+        # it may not).
+        self._wakeup.due_at(self.queue, opens, margin=0.0)
+        return False
 
     async def _reconcile(self) -> None:
         """Give back the jobs a lost claim reply left running for this worker.

@@ -55,6 +55,18 @@ SPREAD_PER_PEER = 0.002
 SPREAD_MAX = 0.25
 #: Seconds after which a claim loop asks again how many live workers serve its queue.
 PEERS_EVERY = 10.0
+#: How long after a retry's or snooze's due time its claim loop wakes: the row's
+#: run_at was computed by the server from its own clock, no later than that.
+DUE_MARGIN = 0.001
+#: How long before a known due time its wait stops sleeping and starts yielding.
+DUE_LEAD = 0.0015
+
+
+async def _yield_until(end: float, interrupted: Callable[[], bool]) -> None:
+    """Yield to the loop until its time reaches ``end`` or ``interrupted()``."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < end and not interrupted():  # noqa: ASYNC110 (on purpose)
+        await asyncio.sleep(0)
 
 
 @dataclass(slots=True)
@@ -129,14 +141,15 @@ class Wakeup:
         for signals in self._signals.values():
             signals.wake.set()
 
-    def due_at(self, queue: str, when: float) -> None:
+    def due_at(self, queue: str, when: float, margin: float = DUE_MARGIN) -> None:
         """A job of ``queue`` becomes ready at loop time ``when`` (a retry or a
-        snooze written just now: the row's run_at is no later than that)."""
+        snooze written just now: the row's run_at is no later than that), waited
+        for until ``margin`` after it."""
         signals = self._signals.get(queue)
         if signals is None:
             return
-        heapq.heappush(signals.due, when + 0.001)
-        if signals.due[0] == when + 0.001:
+        heapq.heappush(signals.due, when + margin)
+        if signals.due[0] == when + margin:
             signals.retimer.set()  # earlier than what the queue's loop waits for
 
     def looked(self, queue: str, ready: bool, due_in: float | None) -> None:
@@ -183,13 +196,24 @@ class Wakeup:
             signals.retimer.clear()
             timeout, why = self._poll_timeout(signals)
             began = loop.time()
+            # A known due time is waited for to the tenth of a millisecond: the
+            # loop's timers fire up to a millisecond late (epoll counts whole
+            # milliseconds, rounded up), and a start-rate window opened late opens
+            # the next one late too. So the wait ends DUE_LEAD early and the rest
+            # is spent yielding to the loop (CPU for about that long, once per due
+            # time).
+            lead = min(DUE_LEAD, timeout) if why == "due" else 0.0
             waits = [asyncio.ensure_future(signals.wake.wait()),
                      asyncio.ensure_future(signals.retimer.wait())]
             try:
-                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waits, timeout=timeout - lead,
+                                   return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for waiting in waits:
                     waiting.cancel()
+            if lead:
+                await _yield_until(began + timeout, lambda: (
+                    stopping() or signals.wake.is_set() or signals.retimer.is_set()))
             timed_out = loop.time() - began >= timeout
             if signals.retimer.is_set() and not timed_out:
                 continue

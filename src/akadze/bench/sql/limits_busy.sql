@@ -36,6 +36,13 @@ WITH runs AS (
 )
 SELECT avg(used)::float8, min(used)::float8, count(*) FROM per_key
 
+-- name: limits_busy_marks
+-- The same starts as the limit counts them: its start marks (the claim's clock,
+-- epoch seconds), in order.
+SELECT extract(epoch FROM started_at)::float8 AS s
+FROM akadze.start_marks
+ORDER BY 1
+
 -- name: limits_busy_starts
 -- The starts of the rate-limited key, in order (wall-clock seconds, as the tasks
 -- saw them).

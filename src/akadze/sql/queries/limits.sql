@@ -101,9 +101,25 @@ ORDER BY l.key
 -- held by max_running as well gets a claim that finds no room: a wasted claim,
 -- never a missed one. Sent only by a claim loop about to wait (a short claim
 -- that left keys without room), never inside the claim.
-SELECT extract(epoch FROM min(o.opens) - coalesce(%(now)s::timestamptz, now()))::float8
+--
+-- Also the opening itself and the server's clock as the reply leaves (epoch
+-- seconds; clock_timestamp(), not now(): the statement's start came earlier):
+-- the loop turns the opening into its own time by the smallest gap it has seen
+-- between a reply's clock and its arrival (akadze.worker._serverclock), instead
+-- of counting from this reply's arrival, which opened every window late by the
+-- reply's whole trip.
+--
+-- And `open_now`: some key's window is open already and nothing else is known
+-- to hold it (its kept running count is under max_running). Its claim came a
+-- little too early (the server's clock and the loop's drifted apart:
+-- _serverclock), and without this the loop would wait for a poll.
+SELECT extract(epoch FROM min(o.opens) - coalesce(%(now)s::timestamptz, now()))::float8,
+       extract(epoch FROM min(o.opens))::float8 AS opens,
+       extract(epoch FROM clock_timestamp())::float8 AS clock,
+       COALESCE(bool_or(o.opens IS NULL AND COALESCE(l.running < l.max_running, true)),
+                false) AS open_now
 FROM akadze.limits l
-CROSS JOIN LATERAL (
+LEFT JOIN LATERAL (
     SELECT m.started_at + l."window" AS opens
     FROM akadze.start_marks m
     WHERE m.key = l.key
@@ -111,6 +127,6 @@ CROSS JOIN LATERAL (
     ORDER BY m.started_at DESC
     OFFSET l.max_starts - 1
     LIMIT 1
-) o
+) o ON true
 WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
   AND l.max_starts IS NOT NULL
