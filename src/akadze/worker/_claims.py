@@ -253,9 +253,9 @@ class ClaimLoop:
             return None
         if row[0] is None:
             # No window to wait for. One open already, with nothing else known to
-            # hold its key: the claim came too early (the two clocks drifted); claim
-            # again now, once (until
-            # a window is waited for again), in case something else held it.
+            # hold its key: the claim came too early (the two clocks drifted). Claim
+            # again now, once until a window is waited for again (something else may
+            # hold the key after all: then the notification or the poll).
             if row[3] and not self._claimed_open:
                 self._claimed_open = True
                 return received

@@ -13,10 +13,10 @@ loop that waits for ``server + bound`` never wakes before the moment it waits fo
 and wakes at most the quickest reply's travel time after it (tenths of a
 millisecond beside the server, the one-way network time across one).
 
-Until now the loop added the opening's distance to the moment its reply arrived:
-every window then opened late by that reply's whole time on the wire and in the
-server (0.4-3 ms measured), and the lag added up from window to window, since the
-next one opens a window after the late start.
+Counting the opening's distance from the moment its reply arrived instead opens
+every window late by that reply's whole time on the wire and in the server (0.4-3 ms
+measured), and the lag adds up from window to window, since the next one opens a
+window after the late start.
 
 Bounds older than :data:`KEEP` seconds are dropped: the two clocks may drift apart
 (an NTP-slewed wall clock against a monotonic one), and an old bound could then be
