@@ -60,6 +60,10 @@ class Case:
     unflag: frozenset[int] = frozenset()
     # windows.SPLIT_MAX: how many limited keys a split window may probe
     split_max: int = 32
+    # groups said to have had at least busy_turn jobs running in the queue (any
+    # groups, busy or not, limited or not: a hint), presumed hopeless however few
+    busy: tuple[str, ...] = ()
+    busy_turn: int = 0
 
 
 JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "limit_key",
@@ -138,6 +142,9 @@ def cases(draw: st.DrawFn) -> Case:
         flags=draw(st.sampled_from(["flagged", "stale", "mixed"])),
         unflag=draw(st.frozensets(st.integers(1, max(n, 1)), max_size=20)),
         split_max=draw(st.sampled_from([32, 32, 1, 0, -1])),
+        busy=tuple(draw(st.lists(st.sampled_from([*KEYS[1:], "gone"]), unique=True,
+                                 max_size=6))),
+        busy_turn=draw(st.sampled_from([0, 1, 1, 2, 3])),
     )
 
 
@@ -203,6 +210,7 @@ def scan_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
         else:
             monkeypatch.undo()
         monkeypatch.setattr(claim_module, "SPLIT_MAX", split_max)
+        monkeypatch.setattr(claim_module, "PRESUME_FROM", 1)
     yield set_mode
 
 
@@ -231,7 +239,8 @@ def check(conn: Conn, case: Case, scan_mode: Callable[..., None]) -> None:
     wide = case.scan == "wide"
     memory.put(conn, "q", Hints(case.remembered, 0 if wide else case.read,
                                 None if wide else case.groups, case.many_groups,
-                                case.unflagged, dominated=wide))
+                                case.unflagged, dominated=wide, busy=case.busy,
+                                busy_turn=case.busy_turn))
     got = run(conn, case, claim)
     assert got[0] == expected[0], "claimed jobs differ"
     assert got[1] == expected[1], "effects differ"

@@ -24,6 +24,7 @@ from akadze.claim._planner import (
     first_window,
     headroom,
     plan,
+    presumption_holds,
     prune,
 )
 
@@ -65,12 +66,35 @@ def oracle(rows: Sequence[Row], room: Mapping[str, int], busy: Mapping[Key, int]
 
 def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Key, int],
              slots: int, fair: bool, per_key_after: int | None,
-             first: int = 0, share: int | None = None) -> tuple[list[int], int]:
+             first: int = 0, share: int | None = None,
+             presume: tuple[frozenset[str], int] | None = None) -> tuple[list[int], int]:
     """Drive the planner like the claim shell does: windows over the index with
     exclusions; after ``per_key_after`` windows, a skip scan learns the groups and
     reads go per group, each group after its own reach (``share`` rows of each,
     or the shell's share of the window); ``first``: the first window's size
-    hint. Returns (ids, number of reads)."""
+    hint; ``presume``: groups said to be busy and a turn, of which (fair order)
+    those without a limit and with at least that many running are left out from
+    the head, as claim_presume_busy judges them, until the plan is checked
+    (presumption_holds) and, failing, read again from the head without them.
+    Returns (ids, number of reads)."""
+    if fair and presume is not None:
+        groups, turn = presume
+        judged = frozenset(g for g in groups if g not in room and busy.get(g, 0) >= turn)
+        top = max((e.row.priority for e in entries), default=None)
+        got, reads = _simulate(entries, room, busy, slots, fair, per_key_after, first,
+                               share, judged)
+        if not judged or presumption_holds(got, turn, top):
+            return list(got.take), reads
+        again, more = _simulate(entries, room, busy, slots, fair, per_key_after, first, share)
+        return list(again.take), reads + more
+    done, reads = _simulate(entries, room, busy, slots, fair, per_key_after, first, share)
+    return list(done.take), reads
+
+
+def _simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Key, int],
+              slots: int, fair: bool, per_key_after: int | None, first: int,
+              share: int | None, presumed: frozenset[Key] = frozenset(),
+              ) -> tuple[Settled, int]:
     index = sorted(entries, key=lambda e: e.row.position)
     rows: list[Row] = []
     pos: tuple[int, datetime, int] | None = None
@@ -78,7 +102,7 @@ def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Ke
     group_reads = 0
     complete = False
     window = 0
-    excluded: frozenset[Key] = frozenset()
+    excluded: frozenset[Key] = presumed
     known_room: dict[str, int] = {}
     unlimited: set[str] = set()
     known_busy: dict[Key, int] = {}
@@ -92,7 +116,7 @@ def simulate(entries: Sequence[Entry], room: Mapping[str, int], busy: Mapping[Ke
                     busy=dict(known_busy), universe=universe, first=first)
         decision = plan(view)
         if isinstance(decision, Settled):
-            return list(decision.take), reads
+            return decision, reads
         if isinstance(decision, NeedState):
             assert decision.keys or decision.groups
             for key in decision.keys:
@@ -190,9 +214,10 @@ def queues(draw: st.DrawFn) -> tuple[list[Entry], dict[str, int], dict[Key, int]
 
 def check_planner(queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int,
                   fair: bool, per_key_after: int | None, first: int = 0,
-                  share: int | None = None) -> None:
+                  share: int | None = None,
+                  presume: tuple[frozenset[str], int] | None = None) -> None:
     entries, room, busy = queue
-    got, _ = simulate(entries, room, busy, slots, fair, per_key_after, first, share)
+    got, _ = simulate(entries, room, busy, slots, fair, per_key_after, first, share, presume)
     ready = [e.row for e in entries if e.ready]
     assert got == oracle(ready, room, busy, slots, fair)
 
@@ -205,6 +230,9 @@ CASES = {
     "first": st.sampled_from([0, 0, 1, 7, 40, 100_000]),
     # rows per group and read (None: the shell's share of the window)
     "share": st.sampled_from([None, None, 1, 2, 3]),
+    # groups a previous claim found busy, and its worst turn (Hints.busy)
+    "presume": st.one_of(st.none(), st.tuples(
+        st.frozensets(st.sampled_from(["a", "b", "c", "d", "e"])), st.integers(1, 4))),
 }
 
 
@@ -216,8 +244,9 @@ CASES = {
 def test_planner_matches_the_oracle(
     queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int, fair: bool,
     per_key_after: int | None, first: int, share: int | None,
+    presume: tuple[frozenset[str], int] | None,
 ) -> None:
-    check_planner(queue, slots, fair, per_key_after, first, share)
+    check_planner(queue, slots, fair, per_key_after, first, share, presume)
 
 
 @pytest.mark.slow
@@ -227,8 +256,9 @@ def test_planner_matches_the_oracle(
 def test_planner_matches_the_oracle_many(
     queue: tuple[list[Entry], dict[str, int], dict[Key, int]], slots: int, fair: bool,
     per_key_after: int | None, first: int, share: int | None,
+    presume: tuple[frozenset[str], int] | None,
 ) -> None:
-    check_planner(queue, slots, fair, per_key_after, first, share)
+    check_planner(queue, slots, fair, per_key_after, first, share, presume)
 
 
 def test_head_window_settles_a_plain_queue() -> None:

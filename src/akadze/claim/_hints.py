@@ -31,7 +31,10 @@ class Hints:
     claim leaves them out of that part too (ready_window_parts). ``dominated``:
     its windows read mostly the entries of the keys they left out of the free
     part; ``wide``: how many more claims may list the queue's groups with the wide
-    skip scan (akadze.claim._windows, DOMINATED_RATIO).
+    skip scan (akadze.claim._windows, DOMINATED_RATIO). ``busy``: in fair order,
+    the groups it found with at least ``busy_turn`` jobs running in the queue,
+    the turn of its worst planned row: the next claim presumes them hopeless
+    while they still have that many (akadze.claim._windows, PRESUME_FROM).
     """
 
     blocked: tuple[str, ...] = ()
@@ -41,6 +44,8 @@ class Hints:
     unflagged: frozenset[str] = frozenset()
     dominated: bool = False
     wide: int = 0
+    busy: tuple[str, ...] = ()
+    busy_turn: int = 0
 
 
 _NO_HINTS = Hints()

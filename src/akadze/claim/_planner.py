@@ -45,6 +45,7 @@ __all__ = [
     "first_window",
     "headroom",
     "plan",
+    "presumption_holds",
     "prune",
 ]
 
@@ -137,9 +138,11 @@ class View:
 
 @dataclass(frozen=True)
 class Settled:
-    """Take these ids, in this (claim) order."""
+    """Take these ids, in this (claim) order. ``worst``: in fair order, when
+    ``slots`` rows are planned, the priority and the turn of the last of them."""
 
     take: tuple[int, ...]
+    worst: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -333,8 +336,9 @@ def _plan_fair(view: View, eligible: list[Row], seen: Counter[str]) -> Decision:
     ranked = sorted(turned, key=lambda rt: (-rt[0].priority, rt[1], rt[0].run_at, rt[0].id))
     chosen = ranked[: view.slots]
     take = tuple(row.id for row, _ in chosen)
+    worst = (chosen[-1][0].priority, chosen[-1][1]) if len(chosen) == view.slots else None
     if view.complete:
-        return Settled(take)
+        return Settled(take, worst)
     stop = view.excluded | _exhausted(view, seen) | _done(view)
     window = _next_window(view)
     # The early stop costs the window statement two probes per group it meets
@@ -367,5 +371,22 @@ def _plan_fair(view: View, eligible: list[Row], seen: Counter[str]) -> Decision:
         # Groups never seen: busy >= 0, so their next turn may be as low as 1.
         settled = False
     if settled:
-        return Settled(take)
+        return Settled(take, worst)
     return ReadMore(window, stop | hopeless, need)
+
+
+def presumption_holds(settled: Settled, turn: int, top: int | None) -> bool:
+    """Whether a fair plan made with groups presumed hopeless, and left out of
+    every read from the head, stands. Each such group had at least ``turn`` jobs
+    running in the queue, and ``top`` is the highest priority of a queued row
+    (None: no row). The plan stands when it planned all its slots and none of
+    those groups' rows can rank before its worst row c, at priority p with turn
+    T: a row at a priority below p cannot, and one at p has a turn of at least
+    busy + 1 > T when T <= ``turn``. So: every queued row is at p or below and
+    T <= ``turn``, or every queued row is below p."""
+    if settled.worst is None:
+        return False
+    priority, worst_turn = settled.worst
+    if top is None or top < priority:
+        return True
+    return top == priority and worst_turn <= turn

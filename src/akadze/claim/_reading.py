@@ -55,6 +55,11 @@ class Reading:
     free_read: int = 0
     dominated: bool = False
     widened: bool = False
+    # The groups presumed hopeless from the head (akadze.claim._windows,
+    # PRESUME_FROM): each had at least `turn` jobs running in the queue, and
+    # `top` was the highest priority of a queued row; None: no presumption.
+    presumed: tuple[int, int | None] | None = None
+    presumed_groups: frozenset[str] = frozenset()
 
 
 def after_params(after: Position | None) -> dict[str, object]:

@@ -67,6 +67,18 @@ WIDE_CLAIMS = 64
 # where the skip scan (GROUP_SCAN_TRY) reads around them for nothing. A read per
 # group leaves out any number of them for free.
 MEMORY_FROM = 17
+# A fair claim presumes hopeless the groups its connection's last claim of the
+# queue found with at least as many jobs running in the queue as the turn of its
+# worst planned row (Hints.busy), when there are at least this many, and at most
+# PRESUME_MAX of them: its first round trip judges which still have that many
+# (claim_presume_busy, a probe each) and its first window leaves those out
+# (claim_window_presumed). Without it, each busy group at the head of the queue
+# cost its entry, a ready probe, a limits probe, a busy count and a row of state
+# per claim ("200 of 400 groups busy": 440 rows for 20 jobs). The plan stands
+# only if no row of theirs can beat its worst planned row
+# (planner.presumption_holds); otherwise the claim reads again from the head.
+PRESUME_FROM = 16
+PRESUME_MAX = 1024
 # A window that leaves out keys reads the limited part of the queue per limited
 # key that is not left out (akadze.ready_window, migration 0005: "split") when
 # there are at most this many such keys, and in order otherwise. -1: never.
@@ -223,6 +235,41 @@ def _start_with_state(request: Request, known: KeyState, reading: Reading,
     return cancelled
 
 
+def _start_presuming(request: Request, known: KeyState, reading: Reading,
+                     first_size: int) -> Opens:
+    """The first round trip of a fair claim that presumes groups hopeless
+    (PRESUME_FROM): its opening, the judgement of those groups
+    (claim_presume_busy), the first window without the groups judged still
+    busy enough (claim_window_presumed) and the guarded skip scan. The claim
+    then plans with those groups left out from the head; the loop checks the
+    presumption once it has settled (planner.presumption_holds)."""
+    hints = request.hints
+    assumed = planner.plan(planner.View(
+        slots=request.slots, fair=True, rows=(), first=first_size))
+    assert isinstance(assumed, planner.ReadMore)
+    params = {
+        **request.params(), **after_params(None), **known.params(frozenset()),
+        "window": assumed.window, "skip_limited": key_list(()), "skip_null": False,
+        "split_max": SPLIT_MAX, **known.window_params(),
+    }
+    judge = prepared("claim_presume_busy", {
+        "groups": key_list(hints.busy), "queue": request.queue, "turn": hints.busy_turn})
+    settings, swept, judged, rows, *groups = yield Batch((
+        *_opening(request), judge, prepared("claim_window_presumed", params),
+        *guarded_groups(request, GROUP_SCAN_BOUND, GROUP_SCAN_TRY)))
+    cancelled = _opened(known, settings, swept)
+    _, presumed, top = judged[0]
+    reading.window = assumed.window
+    if presumed:
+        reading.presumed_groups = frozenset(presumed)
+        reading.excluded = frozenset(presumed)
+        reading.presumed = (hints.busy_turn, top)
+    _apply_window(known, reading, rows, assumed.window)
+    for row in groups:
+        learn_groups(known, reading, row[0], GROUP_SCAN_BOUND)
+    return cancelled
+
+
 def _start_with_heads(request: Request, known: KeyState, reading: Reading) -> Opens:
     """The first round trip of a claim that remembers the queue's groups (a
     skip scan listed them all last time): its opening, the remembered blocked
@@ -311,6 +358,11 @@ def windowed_steps(request: Request) -> Steps:
     elif len(hints.blocked) >= MEMORY_FROM:
         cancelled = yield from _start_with_state(request, known, reading, first_size)
         first = False
+    elif request.fair and len(hints.busy) >= PRESUME_FROM and hints.busy_turn > 0:
+        cancelled = yield from _start_presuming(request, known, reading, first_size)
+        first = False
+    # The priority and turn of the worst row of the last plan (Settled.worst).
+    worst: tuple[int, int] | None = None
     waited = False
     # Without transition hooks nothing needs the transaction after the take,
     # so the take commits: its locks, the take and COMMIT in one round trip.
@@ -329,6 +381,13 @@ def windowed_steps(request: Request) -> Steps:
             )
             decision = planner.plan(view)
             if isinstance(decision, planner.Settled):
+                if reading.presumed is not None and not planner.presumption_holds(
+                        decision, *reading.presumed):
+                    # A row of a group presumed hopeless may beat the worst
+                    # planned row: from the head, without the presumption.
+                    reading = again(reading)
+                    continue
+                worst = decision.worst
                 if committing:
                     break  # its locks travel with the take (akadze.claim._takes)
                 want = set(decision.take)
@@ -418,7 +477,8 @@ def windowed_steps(request: Request) -> Steps:
             read=reading.needed if reading.universe is None else 0,
             groups=reading.universe,
             many_groups=_many_groups(request, reading),
-            dominated=reading.dominated, wide=_wide(request, reading)))
+            dominated=reading.dominated, wide=_wide(request, reading),
+            **_busy_hint(known, reading, worst, claimed)))
     if known.settings is not None and request.hooks:
         # The hooks run with the caller's settings (no round trip: this travels
         # with the hooks' first statement). Without hooks nothing more runs in
@@ -432,6 +492,26 @@ def _needed(reading: Reading, planned: set[int]) -> int:
     are in queue order). Not how many were read: a window larger than the
     claim needed must not make the next one as large."""
     return max((n for n, row in enumerate(reading.rows, 1) if row.id in planned), default=0)
+
+
+def _busy_hint(known: KeyState, reading: Reading, worst: tuple[int, int] | None,
+               claimed: list[ClaimedJob]) -> dict[str, Any]:
+    """Hints.busy for the next claim, in fair order: the groups the claim found
+    with at least as many jobs running in the queue as the turn of its worst
+    planned row, and those it presumed hopeless if they had at least that many;
+    none when it did not plan all its slots. Its own starts do not count: a
+    group is remembered for what the queue showed (the jobs of a claim that
+    finish at once would make every next claim judge their groups for
+    nothing)."""
+    if not known.fair or worst is None:
+        return {}
+    turn = worst[1]
+    started = Counter(job.limit_key for job in claimed)
+    groups = [g for g, busy in known.busy.items()
+              if g is not None and busy - started[g] >= turn]
+    if reading.presumed is not None and reading.presumed[0] >= turn:
+        groups.extend(reading.presumed_groups)
+    return {"busy": tuple(dict.fromkeys(groups))[:PRESUME_MAX], "busy_turn": turn}
 
 
 def _wide(request: Request, reading: Reading) -> int:

@@ -209,12 +209,64 @@ WITH window_rows AS MATERIALIZED (
 -- include: claim_window_candidates
 )
 -- include: claim_window_split
-, kept AS (
-    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited, count(*) OVER () AS scanned
-    FROM candidates c
-)
+-- include: claim_window_kept_whole
 -- include: claim_entries_with_state
 -- include: claim_opened_row
+
+-- name: claim_window_presumed
+-- claim_window_whole for the first window of a fair claim that presumes groups
+-- hopeless (claim_presume_busy, sent just before it in the same round trip):
+-- the groups that statement judged still busy enough are left out of the free
+-- part, read from the transaction's akadze.claim_presumed. A setting, not a
+-- subquery in ready_window_open's arguments: PostgreSQL does not inline a
+-- function called with a sub-select, and the window would be planned anew at
+-- every call.
+WITH window_rows AS MATERIALIZED (
+    SELECT * FROM akadze.ready_window_open(
+        %(queue)s, %(after_priority)s::int, %(after_run_at)s::timestamptz,
+        %(after_id)s::bigint, COALESCE(%(now)s::timestamptz,
+                                       nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                       now()),
+        COALESCE(nullif(current_setting('akadze.claim_presumed', true), '')::jsonb, '[]'),
+        %(skip_limited)b::jsonb, '[]', '[]', %(skip_null)s::boolean,
+        %(window)s::int, %(split_max)s::int, %(try_open)s::boolean, %(known_open)b::jsonb)
+)
+-- include: claim_window_split
+-- include: claim_window_kept_whole
+-- include: claim_entries_with_state
+-- include: claim_opened_row
+
+-- name: claim_presume_busy
+-- Which of the groups a fair claim presumes hopeless (Hints.busy: those the
+-- connection's last claim of the queue found with at least as many jobs
+-- running in the queue as the turn of its worst planned row) still have at
+-- least `turn` jobs running in the queue: a probe of jobs_running_key_idx each,
+-- stopping at `turn` entries. Sent in the claim's first round trip before its
+-- first window (claim_window_presumed), which leaves the groups judged so out
+-- of the free part through akadze.claim_presumed, a setting local to the
+-- transaction. They come back as an array, with the highest priority of the
+-- queue's queued jobs (due or not; the first entry of each ready index). The
+-- claim keeps the window only if its worst planned row has a turn of at most
+-- `turn` and that priority, or a higher one: then a row of those groups ranks
+-- after it (a lower priority, or a turn of busy + 1 > turn), and otherwise it
+-- reads again from the head without them (planner.presumption_holds).
+WITH judged AS MATERIALIZED (
+    SELECT g.key
+    FROM jsonb_array_elements_text(%(groups)b) AS g(key)
+    WHERE (SELECT count(*) FROM (
+               SELECT FROM akadze.jobs r
+               WHERE r.state = 'running' AND r.limit_key = g.key AND r.queue = %(queue)s
+               LIMIT %(turn)s) b) >= %(turn)s
+)
+SELECT set_config('akadze.claim_presumed', COALESCE(jsonb_agg(j.key), '[]')::text, true),
+       COALESCE(array_agg(j.key), '{}'),
+       GREATEST((SELECT f.priority FROM akadze.jobs f
+                 WHERE f.queue = %(queue)s AND f.state = 'queued' AND NOT f.limited
+                 ORDER BY f.queue, f.priority DESC LIMIT 1),
+                (SELECT l.priority FROM akadze.jobs l
+                 WHERE l.queue = %(queue)s AND l.state = 'queued' AND l.limited
+                 ORDER BY l.queue, l.priority DESC LIMIT 1))
+FROM judged j
 
 -- name: claim_window_judged
 -- claim_window for the first window of a claim that remembers many blocked keys
@@ -932,6 +984,15 @@ WHERE l.key IN (SELECT jsonb_array_elements_text(%(keys)b))
         -- no remembered keys (claim_window_judged's)
         %(skip_limited)b::jsonb, '[]', '[]', %(skip_null)s::boolean,
         %(window)s::int, %(split_max)s::int, %(try_open)s::boolean, %(known_open)b::jsonb)
+
+-- fragment: claim_window_kept_whole
+-- The CTE `kept` of the windows read without the early stop
+-- (claim_window_whole, claim_window_presumed): every candidate, with how many
+-- the window scanned.
+, kept AS (
+    SELECT c.id, c.priority, c.run_at, c.limit_key, c.limited, count(*) OVER () AS scanned
+    FROM candidates c
+)
 
 -- fragment: claim_window_early_stop
 -- The early stop of claim_window and claim_window_judged, after their CTE
