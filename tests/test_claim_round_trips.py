@@ -156,6 +156,37 @@ def test_a_group_holding_the_head_costs_a_read_and_a_take(conn: Conn, trips: lis
     assert SENT[1] == ["claim_start", "claim_sweep", "claim_group_heads", "claim_take"]
 
 
+def test_a_fair_read_per_group_asks_each_group_for_the_last_worst_turn(
+    conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same queue: 50 groups, none busy. The last claim's worst planned row
+    # had turn 1, so each group's first row is all that can place (a second
+    # has turn 2): the heads are read one row a group, not two (80 / 50), and
+    # the claim still settles in one read and the take.
+    fill(conn, [("deep", 3000 - i) for i in range(900)]
+         + [(f"k{i % 49:02d}", 1000 - i) for i in range(100)])
+    asked: list[int] = []
+    names: list[list[str]] = []
+
+    def step(step: Batch | Statement, sent: list[str]) -> None:
+        names[-1].extend(sent)
+        for statement in step.statements if isinstance(step, Batch) else (step,):
+            params = statement.params
+            if isinstance(params, dict) and "per_group" in params:
+                asked.append(int(params["per_group"]))
+
+    watch_steps(monkeypatch, on_claim=lambda: names.append([]), on_step=step)
+    for _ in range(3):
+        got = claim(conn, queue="q", slots=20, fair=True, now=NOW)
+        assert len({job.limit_key for job in got}) == 20
+        conn.execute("UPDATE akadze.jobs SET state = 'queued', run_count = 0, attempt = 0, "
+                     "worker_id = NULL, started_at = NULL WHERE id = ANY(%s)",
+                     ([job.id for job in got],))
+    assert memory.get(conn, "q").busy_turn == 1
+    assert asked[-2:] == [1, 1]
+    assert names[-1] == ["claim_start", "claim_sweep", "claim_group_heads", "claim_take"]
+
+
 def test_a_group_read_to_its_end_is_not_read_again(conn: Conn) -> None:
     # Read per group from the first round trip: the null group's one job ends it
     # in the first read, k's first entries are of a task this worker does not

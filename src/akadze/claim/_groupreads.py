@@ -44,6 +44,10 @@ def _group_rows(request: Request, known: KeyState, reading: Reading, window: int
     # at least that many.
     share = -(-window // max(1, len(groups)))
     per_group = (max if reading.group_reads else min)(request.slots, share)
+    if request.fair and not reading.group_reads and request.hints.busy_turn > 0:
+        # fair: no group places rows past the worst planned turn T, which is
+        # at most its first T rows (T as the last claim's; claim_group_heads)
+        per_group = min(per_group, request.hints.busy_turn)
     reading.group_reads += 1
     starts = [after_params(_group_after(reading, key)) for key in keys]
     params = {

@@ -293,6 +293,12 @@ def _start_with_heads(request: Request, known: KeyState, reading: Reading) -> Op
     bound = WIDE_GROUP_SCAN if hints.wide else GROUP_SCAN_BOUND
     share = -(-window // max(1, len(hints.groups - frozenset(blocked))))
     per_group = min(request.slots, share)
+    if request.fair and hints.busy_turn > 0:
+        # In fair order the rows of a group with turns up to T are at most its
+        # first T: with T the worst planned turn of the last claim (Hints.
+        # busy_turn), those settle the claim if its worst turn is no higher; a
+        # group read short of a row that could place is read on (its reach).
+        per_group = min(per_group, hints.busy_turn)
     statements = [*_opening(request)]
     if blocked:
         statements.append(_remembered(request, blocked))
