@@ -472,21 +472,35 @@ ORDER BY 2 DESC NULLS LAST, 3, 1
 -- `skip` (remembered keys without room, counted in the same round trip) are
 -- listed but not read. The scan's row (below) says how many keys it listed;
 -- `bound` of them or more, the list may be incomplete.
+--
+-- Each probe of the scan lands on the key's first entry in the index's order,
+-- its head in queue order: with one row asked of each group (per_group = 1, a
+-- fair claim whose last worst planned turn was 1) a head that is due is the
+-- group's row, and the group costs that one probe; a group whose head is not
+-- due yet is read by a probe of its own, as every group is otherwise.
 WITH RECURSIVE found AS (
-    (SELECT k.limit_key FROM akadze.jobs k
+    (SELECT k.limit_key, k.priority, k.run_at, k.id FROM akadze.jobs k
      WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key IS NOT NULL
-     ORDER BY k.limit_key LIMIT 1)
+     ORDER BY k.limit_key, k.priority DESC, k.run_at, k.id LIMIT 1)
     UNION ALL
-    SELECT (SELECT k.limit_key FROM akadze.jobs k
-            WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key > f.limit_key
-            ORDER BY k.limit_key LIMIT 1)
-    FROM found f
-    WHERE f.limit_key IS NOT NULL
+    SELECT n.* FROM found f
+    CROSS JOIN LATERAL (
+        SELECT k.limit_key, k.priority, k.run_at, k.id FROM akadze.jobs k
+        WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key > f.limit_key
+        ORDER BY k.limit_key, k.priority DESC, k.run_at, k.id LIMIT 1) n
 ),
 listed AS (
-    SELECT limit_key FROM found WHERE limit_key IS NOT NULL LIMIT %(bound)s
+    SELECT f.*, %(per_group)s::int = 1
+                AND f.run_at <= COALESCE(%(now)s::timestamptz,
+                                         nullif(current_setting('akadze.claim_now', true), '')::timestamptz,
+                                         now()) AS head
+    FROM found f LIMIT %(bound)s
 ),
 candidates AS (
+    SELECT g.id, g.priority, g.run_at, g.limit_key
+    FROM listed g
+    WHERE g.head AND g.limit_key NOT IN (SELECT jsonb_array_elements_text(%(skip)b::jsonb))
+    UNION ALL
     SELECT c.*
     FROM listed g
     CROSS JOIN LATERAL (
@@ -499,7 +513,8 @@ candidates AS (
         -- limit_key first: the generic plan reads jobs_ready_key_idx
         ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
         LIMIT %(per_group)s) c
-    WHERE g.limit_key NOT IN (SELECT jsonb_array_elements_text(%(skip)b::jsonb))
+    WHERE NOT g.head
+      AND g.limit_key NOT IN (SELECT jsonb_array_elements_text(%(skip)b::jsonb))
     UNION ALL
     (SELECT c.id, c.priority, c.run_at, c.limit_key
      FROM akadze.jobs c
