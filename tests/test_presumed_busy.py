@@ -142,3 +142,32 @@ def test_default_order_presumes_nothing(conn: Conn, sent: list[list[str]]) -> No
     assert memory.get(conn, "q").busy == ()
     claim_as_reference(conn, **how)
     assert "claim_presume_busy" not in sent[-1]
+
+
+def test_a_backlog_of_busy_groups_piled_at_the_head_is_read_around(
+    conn: Conn, sent: list[list[str]]
+) -> None:
+    # The busy groups get no turn while the idle ones have jobs, so their
+    # backlog piles up at the head of the queue (here 30 x 200 jobs). A window
+    # that leaves them out filters that pile entry by entry: it is found
+    # dominated, the queue's groups are listed, and from then on the claim
+    # judges the busy groups and reads the others' heads, leaving the pile alone.
+    keys = [f"b{n}" for n in range(30)] * 200 + [f"i{n}" for n in range(30)] * 10
+    conn.execute(
+        "INSERT INTO akadze.jobs (queue, task, limit_key, run_at) "
+        "SELECT 'q', 't', k, %s - make_interval(secs => 10000 - o) "
+        "FROM unnest(%s::text[]) WITH ORDINALITY AS r(k, o)", (NOW, keys))
+    for n in range(30):
+        run(conn, f"b{n}")
+    for _ in range(3):
+        got = claim_as_reference(conn, **HOW)
+        assert len(got) == 10
+    assert memory.get(conn, "q").groups is not None
+    assert sent[-1] == ["claim_start", "claim_sweep", "claim_presume_busy",
+                        "claim_group_heads", "claim_take"]
+    # and a busy group whose run ends is read again, and claimed
+    finish_runs(conn, "b0")
+    got = claim_as_reference(conn, **HOW)
+    keys_got = {r[0] for r in conn.execute(
+        "SELECT limit_key FROM akadze.jobs WHERE id = ANY (%s)", (got,)).fetchall()}
+    assert "b0" in keys_got

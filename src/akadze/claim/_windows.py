@@ -153,6 +153,17 @@ def _dominated(reading: Reading) -> bool:
             and reading.free_read > DOMINATED_RATIO * reading.returned)
 
 
+def _when_dominated(request: Request, known: KeyState, reading: Reading) -> Steps0:
+    """After a window: if it was dominated, remember it, and if the last claim's
+    were too (Hints.dominated), list the queue's groups with the wide skip scan."""
+    if not _dominated(reading):
+        return
+    reading.dominated = True
+    if request.hints.dominated:
+        reading.widened = True
+        yield from scan_groups(request, known, reading, WIDE_GROUP_SCAN, WIDE_GROUP_SCAN)
+
+
 def _window(request: Request, known: KeyState, reading: Reading, window: int,
             exclude: frozenset[str | None], need: int | None) -> Statement:
     params = {
@@ -252,22 +263,44 @@ def _start_presuming(request: Request, known: KeyState, reading: Reading,
         "window": assumed.window, "skip_limited": key_list(()), "skip_null": False,
         "split_max": SPLIT_MAX, **known.window_params(),
     }
-    judge = prepared("claim_presume_busy", {
-        "groups": key_list(hints.busy), "queue": request.queue, "turn": hints.busy_turn})
-    settings, swept, judged, rows, *groups = yield Batch((
+    (judge,) = _judge(request)
+    # With claim_free_read: a window that leaves busy groups out filters their
+    # entries one at a time, and a backlog of theirs piled up at the head of the
+    # queue (they get no turn while others have jobs) makes it dominated
+    # (DOMINATED_RATIO), as any window that leaves keys out of the free part.
+    settings, swept, judged, rows, read, *groups = yield Batch((
         *_opening(request), judge, prepared("claim_window_presumed", params),
+        prepared("claim_free_read", {}),
         *guarded_groups(request, GROUP_SCAN_BOUND, GROUP_SCAN_TRY)))
     cancelled = _opened(known, settings, swept)
-    _, presumed, top = judged[0]
+    _presumed(reading, hints, judged[0])
     reading.window = assumed.window
-    if presumed:
-        reading.presumed_groups = frozenset(presumed)
-        reading.excluded = frozenset(presumed)
-        reading.presumed = (hints.busy_turn, top)
+    reading.free_read = int(read[0][0] or 0) - known.free_read_at_start
     _apply_window(known, reading, rows, assumed.window)
     for row in groups:
         learn_groups(known, reading, row[0], GROUP_SCAN_BOUND)
     return cancelled
+
+
+def _judge(request: Request) -> tuple[Statement, ...]:
+    """claim_presume_busy for the claim's first round trip, when it presumes
+    the remembered busy groups hopeless (PRESUME_FROM); none otherwise."""
+    hints = request.hints
+    if not (request.fair and len(hints.busy) >= PRESUME_FROM and hints.busy_turn > 0):
+        return ()
+    return (prepared("claim_presume_busy", {
+        "groups": key_list(hints.busy), "queue": request.queue, "turn": hints.busy_turn}),)
+
+
+def _presumed(reading: Reading, hints: Hints, judged: Row) -> frozenset[str]:
+    """What claim_presume_busy judged: the groups the claim leaves out from the
+    head (checked once it has settled: planner.presumption_holds)."""
+    _, presumed, top = judged
+    if presumed:
+        reading.presumed_groups = frozenset(presumed)
+        reading.excluded = reading.excluded | reading.presumed_groups
+        reading.presumed = (hints.busy_turn, top)
+    return reading.presumed_groups
 
 
 def _start_with_heads(request: Request, known: KeyState, reading: Reading) -> Opens:
@@ -302,6 +335,11 @@ def _start_with_heads(request: Request, known: KeyState, reading: Reading) -> Op
     statements = [*_opening(request)]
     if blocked:
         statements.append(_remembered(request, blocked))
+    # The busy groups presumed hopeless (PRESUME_FROM) are judged first and
+    # left out of the read like the blocked keys (claim_group_heads reads the
+    # groups judged from akadze.claim_presumed).
+    judge = _judge(request)
+    statements.extend(judge)
     statements.append(prepared("claim_group_heads", {
         **request.params(), **known.params(frozenset()), "bound": bound,
         "per_group": per_group, "skip": key_list(blocked)}))
@@ -309,6 +347,7 @@ def _start_with_heads(request: Request, known: KeyState, reading: Reading) -> Op
     cancelled = _opened(known, next(replies), next(replies))
     if blocked:
         learn_counts(known, blocked, (), next(replies))
+    judged = _presumed(reading, hints, next(replies)[0]) if judge else frozenset()
     rows: list[Row] = next(replies)
     # The scan's row (id and key null, `scanned` set); none for a paused queue.
     listed = next((r[11] for r in rows if r[0] is None and r[11] is not None), None)
@@ -318,8 +357,8 @@ def _start_with_heads(request: Request, known: KeyState, reading: Reading) -> Op
         return cancelled
     read = frozenset(r[3] for r in rows if r[0] is not None)
     reading.scanned_groups, reading.crowded = True, False
-    reading.universe = read | frozenset(blocked)
-    reading.excluded = frozenset(k for k in blocked if known.room.get(k) == 0)
+    reading.universe = read | frozenset(blocked) | judged
+    reading.excluded = frozenset(k for k in blocked if known.room.get(k) == 0) | judged
     reading.window, reading.group_reads = window, 1
     apply_group_rows(known, reading, rows, per_group, read)
     return cancelled
@@ -364,9 +403,10 @@ def windowed_steps(request: Request) -> Steps:
     elif len(hints.blocked) >= MEMORY_FROM:
         cancelled = yield from _start_with_state(request, known, reading, first_size)
         first = False
-    elif request.fair and len(hints.busy) >= PRESUME_FROM and hints.busy_turn > 0:
+    elif _judge(request):
         cancelled = yield from _start_presuming(request, known, reading, first_size)
         first = False
+        yield from _when_dominated(request, known, reading)
     # The priority and turn of the worst row of the last plan (Settled.worst).
     worst: tuple[int, int] | None = None
     waited = False
@@ -433,12 +473,7 @@ def windowed_steps(request: Request) -> Steps:
                     request, known, reading, decision.window, decision.exclude,
                     decision.need, first=first)
                 first = False
-                if _dominated(reading):
-                    reading.dominated = True
-                    if hints.dominated:
-                        reading.widened = True
-                        yield from scan_groups(request, known, reading, WIDE_GROUP_SCAN,
-                                               WIDE_GROUP_SCAN)
+                yield from _when_dominated(request, known, reading)
         # The first read took the queue's turn (claim_start) before anything else.
         assert known.settings is not None
         planned = decision.take

@@ -470,8 +470,10 @@ ORDER BY 2 DESC NULLS LAST, 3, 1
 -- scan listed them all) sends it in its first round trip: one pass over the
 -- groups, where claim_groups and then claim_group_rows made two. The keys of
 -- `skip` (remembered keys without room, counted in the same round trip) are
--- listed but not read. The scan's row (below) says how many keys it listed;
--- `bound` of them or more, the list may be incomplete.
+-- listed but not read, nor are the busy groups a fair claim presumes hopeless,
+-- judged just before by claim_presume_busy (akadze.claim_presumed; '[]' when it
+-- did not run in this transaction). The scan's row (below) says how many keys
+-- it listed; `bound` of them or more, the list may be incomplete.
 --
 -- Each probe of the scan lands on the key's first entry in the index's order,
 -- its head in queue order: with one row asked of each group (per_group = 1, a
@@ -489,6 +491,12 @@ WITH RECURSIVE found AS (
         WHERE k.queue = %(queue)s AND k.state = 'queued' AND k.limit_key > f.limit_key
         ORDER BY k.limit_key, k.priority DESC, k.run_at, k.id LIMIT 1) n
 ),
+skipped AS MATERIALIZED (
+    SELECT jsonb_array_elements_text(
+        %(skip)b::jsonb
+        || COALESCE(nullif(current_setting('akadze.claim_presumed', true), '')::jsonb, '[]'))
+        AS key
+),
 listed AS (
     SELECT f.*, %(per_group)s::int = 1
                 AND f.run_at <= COALESCE(%(now)s::timestamptz,
@@ -499,7 +507,7 @@ listed AS (
 candidates AS (
     SELECT g.id, g.priority, g.run_at, g.limit_key
     FROM listed g
-    WHERE g.head AND g.limit_key NOT IN (SELECT jsonb_array_elements_text(%(skip)b::jsonb))
+    WHERE g.head AND g.limit_key NOT IN (SELECT s.key FROM skipped s)
     UNION ALL
     SELECT c.*
     FROM listed g
@@ -514,7 +522,7 @@ candidates AS (
         ORDER BY c.limit_key, c.priority DESC, c.run_at, c.id
         LIMIT %(per_group)s) c
     WHERE NOT g.head
-      AND g.limit_key NOT IN (SELECT jsonb_array_elements_text(%(skip)b::jsonb))
+      AND g.limit_key NOT IN (SELECT s.key FROM skipped s)
     UNION ALL
     (SELECT c.id, c.priority, c.run_at, c.limit_key
      FROM akadze.jobs c
