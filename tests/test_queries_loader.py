@@ -38,7 +38,8 @@ def test_the_claim_statements_stay_under_psycopgs_conversion_cache_limit() -> No
     # psycopg caches its conversion of a query's placeholders only up to 4 KiB;
     # longer texts are parsed again at every execution.
     for name in ("claim_window", "claim_window_whole", "claim_group_rows", "claim_take",
-                 "claim_sweep", "claim_groups"):
+                 "claim_sweep", "claim_groups", "claim_window_presumed", "claim_presume_busy",
+                 "claim_group_heads"):
         assert len(queries.text(name).encode()) <= 4096, name
 
 
