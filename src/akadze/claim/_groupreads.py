@@ -13,7 +13,8 @@ from ._keystate import KeyState
 from ._reading import Position, Reading, after_params, entries_of
 from ._steps import Request, Row, Statement, Steps0, prepared
 
-__all__ = ["apply_group_rows", "guarded_groups", "learn_groups", "read_groups", "scan_groups"]
+__all__ = ["apply_group_rows", "first_per_group", "guarded_groups", "learn_groups",
+           "read_groups", "scan_groups"]
 
 
 def read_groups(
@@ -43,11 +44,8 @@ def _group_rows(request: Request, known: KeyState, reading: Reading, window: int
     # reads (rows that were not ready for us, or groups that need more rows) for
     # at least that many.
     share = -(-window // max(1, len(groups)))
-    per_group = (max if reading.group_reads else min)(request.slots, share)
-    if request.fair and not reading.group_reads and request.hints.busy_turn > 0:
-        # fair: no group places rows past the worst planned turn T, which is
-        # at most its first T rows (T as the last claim's; claim_group_heads)
-        per_group = min(per_group, request.hints.busy_turn)
+    per_group = (max(request.slots, share) if reading.group_reads
+                 else first_per_group(request, share))
     reading.group_reads += 1
     starts = [after_params(_group_after(reading, key)) for key in keys]
     params = {
@@ -60,6 +58,19 @@ def _group_rows(request: Request, known: KeyState, reading: Reading, window: int
         "from_id": [a["after_id"] for a in starts],
     }
     return prepared("claim_group_rows", params), per_group
+
+
+def first_per_group(request: Request, share: int) -> int:
+    """The rows a claim's first read per group asks of each group: its share of
+    the window, at most `slots` (no group can place more in the claim), and in
+    fair order at most T, the worst planned turn of the connection's last claim
+    (Hints.busy_turn): a group's rows with turns up to T are among its first T,
+    so they settle the claim if its worst turn is no higher, and a group read
+    short of a row that could place is read on from its reach."""
+    per_group = min(request.slots, share)
+    if request.fair and request.hints.busy_turn > 0:
+        per_group = min(per_group, request.hints.busy_turn)
+    return per_group
 
 
 def _group_after(reading: Reading, group: str | None) -> Position | None:

@@ -56,6 +56,11 @@ class KeyState:
             ("plan_cache_mode", "jit", "enable_seqscan", "enable_bitmapscan"))}
         self.free_read_at_start = int(rows[0][11] or 0)
 
+    def free_read_since(self, rows: list[Row]) -> int:
+        """claim_free_read's count (its rows) since claim_start's: the free part's
+        entries this claim's scans read."""
+        return int(rows[0][0] or 0) - self.free_read_at_start
+
     def params(self, exclude: frozenset[str | None]) -> dict[str, object]:
         """The keys whose state a reading statement need not return again (the
         excluded ones it never meets: they are not sent)."""

@@ -17,7 +17,14 @@ from typing import Any
 
 from ..jobs import ClaimedJob, job_rows
 from . import _planner as planner
-from ._groupreads import apply_group_rows, guarded_groups, learn_groups, read_groups, scan_groups
+from ._groupreads import (
+    apply_group_rows,
+    first_per_group,
+    guarded_groups,
+    learn_groups,
+    read_groups,
+    scan_groups,
+)
 from ._hints import Hints
 from ._keystate import KeyState, counts, learn_counts, lock_taken, wait_first
 from ._reading import Reading, advance, after_params, again, entries_of
@@ -121,7 +128,7 @@ def _read_window(
     if not first:
         if _watched(reading, statement):
             rows, read = yield Batch((statement, prepared("claim_free_read", {})))
-            reading.free_read = int(read[0][0] or 0) - known.free_read_at_start
+            reading.free_read = known.free_read_since(read)
         else:
             rows = yield statement
         _apply_window(known, reading, rows, window)
@@ -247,7 +254,7 @@ def _start_with_state(request: Request, known: KeyState, reading: Reading,
 
 
 def _start_presuming(request: Request, known: KeyState, reading: Reading,
-                     first_size: int) -> Opens:
+                     first_size: int, judge: Statement) -> Opens:
     """The first round trip of a fair claim that presumes groups hopeless
     (PRESUME_FROM): its opening, the judgement of those groups
     (claim_presume_busy), the first window without the groups judged still
@@ -263,7 +270,6 @@ def _start_presuming(request: Request, known: KeyState, reading: Reading,
         "window": assumed.window, "skip_limited": key_list(()), "skip_null": False,
         "split_max": SPLIT_MAX, **known.window_params(),
     }
-    (judge,) = _judge(request)
     # With claim_free_read: a window that leaves busy groups out filters their
     # entries one at a time, and a backlog of theirs piled up at the head of the
     # queue (they get no turn while others have jobs) makes it dominated
@@ -275,7 +281,7 @@ def _start_presuming(request: Request, known: KeyState, reading: Reading,
     cancelled = _opened(known, settings, swept)
     _presumed(reading, hints, judged[0])
     reading.window = assumed.window
-    reading.free_read = int(read[0][0] or 0) - known.free_read_at_start
+    reading.free_read = known.free_read_since(read)
     _apply_window(known, reading, rows, assumed.window)
     for row in groups:
         learn_groups(known, reading, row[0], GROUP_SCAN_BOUND)
@@ -325,13 +331,7 @@ def _start_with_heads(request: Request, known: KeyState, reading: Reading) -> Op
     # good for the claims Hints.wide says
     bound = WIDE_GROUP_SCAN if hints.wide else GROUP_SCAN_BOUND
     share = -(-window // max(1, len(hints.groups - frozenset(blocked))))
-    per_group = min(request.slots, share)
-    if request.fair and hints.busy_turn > 0:
-        # In fair order the rows of a group with turns up to T are at most its
-        # first T: with T the worst planned turn of the last claim (Hints.
-        # busy_turn), those settle the claim if its worst turn is no higher; a
-        # group read short of a row that could place is read on (its reach).
-        per_group = min(per_group, hints.busy_turn)
+    per_group = first_per_group(request, share)
     statements = [*_opening(request)]
     if blocked:
         statements.append(_remembered(request, blocked))
@@ -403,8 +403,8 @@ def windowed_steps(request: Request) -> Steps:
     elif len(hints.blocked) >= MEMORY_FROM:
         cancelled = yield from _start_with_state(request, known, reading, first_size)
         first = False
-    elif _judge(request):
-        cancelled = yield from _start_presuming(request, known, reading, first_size)
+    elif judge := _judge(request):
+        cancelled = yield from _start_presuming(request, known, reading, first_size, *judge)
         first = False
         yield from _when_dominated(request, known, reading)
     # The priority and turn of the worst row of the last plan (Settled.worst).
