@@ -114,9 +114,11 @@ def test_the_next_start_query_tells_a_window_open_already_from_a_key_held_otherw
     job = insert_job(conn, "t", limit_key="held", limited=True)
     conn.execute("INSERT INTO akadze.start_marks (key, started_at, job_id) "
                  "VALUES ('held', now() - interval '1 minute', %s)", (job,))
-    seconds, opens, clock, open_now = next_start("held")
+    seconds, opens, clock, open_now, opens_at = next_start("held")
     assert 3500 < seconds <= 3540 and opens - clock == pytest.approx(seconds, abs=5)
     assert not open_now
+    # the same opening, exact: what the claim sent for it waits for (not_before)
+    assert opens_at.timestamp() == pytest.approx(opens, abs=1e-6)
 
     set_limit_sync(conn, "open", max_starts=1, max_running=1, window=timedelta(hours=1))
     assert next_start("open")[0] is None and next_start("open")[3] is True

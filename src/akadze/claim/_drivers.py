@@ -223,6 +223,7 @@ async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
 def _request(
     queue: str, slots: int, fair: bool, worker_id: str | None,
     tasks: Collection[str] | None, now: datetime | None, durable: bool | None = None,
+    not_before: datetime | None = None,
 ) -> Request:
     if not isinstance(queue, str) or not queue:
         raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
@@ -234,9 +235,17 @@ def _request(
         raise ConfigurationError("now must be a timezone-aware datetime")
     if durable is not None and not isinstance(durable, bool):
         raise ConfigurationError(f"durable must be True, False or None, got {durable!r}")
+    if not_before is not None:
+        if not isinstance(not_before, datetime) or not_before.tzinfo is None:
+            raise ConfigurationError(
+                f"not_before must be a timezone-aware datetime, got {not_before!r}")
+        if now is not None:
+            raise ConfigurationError(
+                "not_before waits for the server's clock; it cannot go with an injected now")
     names = sorted(set(tasks)) if tasks is not None else None
     synchronous_commit = None if durable is None else "on" if durable else "off"
-    return Request(queue, slots, bool(fair), worker_id, names, now, synchronous_commit)
+    return Request(queue, slots, bool(fair), worker_id, names, now, synchronous_commit,
+                   not_before)
 
 
 def _dispatch(
@@ -265,6 +274,7 @@ def claim(
     conn: psycopg.AsyncConnection[Any], *, queue: str, slots: int, fair: bool = False,
     worker_id: str | None = None, tasks: Collection[str] | None = None,
     app: Akadze | None = None, now: datetime | None = None, durable: bool | None = None,
+    not_before: datetime | None = None,
 ) -> Awaitable[list[ClaimedJob]]: ...
 
 
@@ -273,6 +283,7 @@ def claim(
     conn: psycopg.Connection[Any], *, queue: str, slots: int, fair: bool = False,
     worker_id: str | None = None, tasks: Collection[str] | None = None,
     app: Akadze | None = None, now: datetime | None = None, durable: bool | None = None,
+    not_before: datetime | None = None,
 ) -> list[ClaimedJob]: ...
 
 
@@ -280,6 +291,7 @@ def claim(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], *, queue: str, slots: int,
     fair: bool = False, worker_id: str | None = None, tasks: Collection[str] | None = None,
     app: Akadze | None = None, now: datetime | None = None, durable: bool | None = None,
+    not_before: datetime | None = None,
 ) -> list[ClaimedJob] | Awaitable[list[ClaimedJob]]:
     """Claim up to ``slots`` ready jobs of ``queue`` for ``worker_id``.
 
@@ -291,7 +303,11 @@ def claim(
     database time to use (tests); by default the database clock. ``durable``:
     whether the claim's commit waits for the WAL flush (``synchronous_commit`` set
     for its transaction only, so it works through a pooler in transaction mode);
-    None keeps the session's setting.
+    None keeps the session's setting. ``not_before``: a moment of the server's
+    clock the claim's own clock must not come before (the opening of a
+    start-rate window the caller waits for): sent a little early, the claim
+    waits for it on the server once the queue's turn is its own, 5 ms at most,
+    so its starts count from that moment exactly; not with ``now``.
     Returns the claimed jobs in claim order.
 
     Reuse the connection for the next claims: the claim's statements are
@@ -299,7 +315,7 @@ def claim(
     (keys at their limit, how much it read, the queue's groups): hints for the
     next claim, checked before they are used, never a change to its result.
     """
-    request = _request(queue, slots, fair, worker_id, tasks, now, durable)
+    request = _request(queue, slots, fair, worker_id, tasks, now, durable, not_before)
     # What this connection's last claim of the queue learnt about its shape
     # (akadze.claim._hints): hints that spare finding it out again.
     request = replace(

@@ -85,6 +85,10 @@ class Request:
     # keep the session's: set in claim_start with set_config(..., true), never as a
     # startup option (a pooler in transaction mode refuses those).
     synchronous_commit: str | None = None
+    # A moment of the server's clock the claim's clock must not come before (the
+    # opening of a start-rate window): the server waits for it in claim_start,
+    # 5 ms at most. None: no wait.
+    not_before: datetime | None = None
     # Whether transition hooks run in the claim's transaction after it.
     hooks: bool = True
     # What the previous claim of this queue on this connection learnt (hints,

@@ -103,7 +103,8 @@ def _opening(request: Request) -> tuple[Statement, Statement]:
     claim_start (the queue's turn and the plan settings) and claim_sweep (due
     cancel-requested and expired rows become 'cancelled')."""
     return (prepared("claim_start", {"queue": request.queue,
-                                     "synchronous_commit": request.synchronous_commit}),
+                                     "synchronous_commit": request.synchronous_commit,
+                                     "not_before": request.not_before}),
             prepared("claim_sweep", request.params(), rows=job_rows))
 
 

@@ -63,13 +63,11 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 
-from psycopg.types.json import Jsonb
-
 from .. import backoff, queries
 from ..claim import claim, memory
 from ..jobs import ClaimedJob, job_rows
 from ._connections import Connections
-from ._serverclock import ServerClock
+from ._openings import Openings
 from ._state import Run, WorkerState, wait_for
 from ._wakeup import IDLE_EASING, Wakeup
 
@@ -139,8 +137,9 @@ class ClaimLoop:
         #: The keys the last claim of the queue left without room (what a hand-off
         #: may step over, :mod:`._handoffs`).
         self.blocked: tuple[str, ...] = ()
-        self._server_clock = ServerClock()  # when start-rate windows open, here
-        self._claimed_open = False  # claimed again for a window found open (_next_start)
+        #: The start-rate windows the loop waits for (:mod:`._openings`).
+        self._openings = Openings(queue, state.settings, connections, wakeup)
+        self._for_window = False  # the last claim was sent for a window's opening
 
     # -- what the worker sees -------------------------------------------------------------
 
@@ -230,43 +229,17 @@ class ClaimLoop:
         """Claim up to ``free`` jobs; also the keys the claim left without room
         (what the claim connection remembers for its next claim of the queue)."""
         settings = self._settings
+        not_before = self._openings.claim_for()
+        self._for_window = not_before is not None
         async with self._connections.claim_connection() as conn:
             jobs: list[ClaimedJob] = await claim(
                 conn, queue=self.queue, slots=free, fair=settings.fair,
                 worker_id=settings.worker_id, tasks=settings.task_names, app=settings.app,
                 now=settings.sql_now(), durable=self._connections.durable_claims,
+                not_before=not_before,
             )
             self.blocked = memory.get(conn, self.queue).blocked
         return jobs, self.blocked if len(jobs) < free else ()
-
-    async def _next_start(self, keys: tuple[str, ...]) -> float | None:
-        """The loop time at which the soonest start-rate window of ``keys`` opens
-        (None: none of them is held by a start-rate limit)."""
-        loop = asyncio.get_running_loop()
-        now = self._settings.sql_now()
-        async with self._connections.claim_connection() as conn:
-            cur = await conn.execute(queries.get("limit_next_start"), {
-                "keys": Jsonb(list(keys)), "now": now})
-            row = await cur.fetchone()
-            received = loop.time()
-        if row is None:
-            return None
-        if row[0] is None:
-            # No window to wait for. One open already, with nothing else known to
-            # hold its key: the claim came too early (the two clocks drifted). Claim
-            # again now, once until a window is waited for again (something else may
-            # hold the key after all: then the notification or the poll).
-            if row[3] and not self._claimed_open:
-                self._claimed_open = True
-                return received
-            return None
-        self._claimed_open = False
-        if now is not None:
-            # An injected clock: its moments are not the server's; count from the
-            # reply, as far as such a clock has a notion of waiting.
-            return received + max(float(row[0]), 0.0)
-        self._server_clock.observed(received, float(row[2]))
-        return self._server_clock.to_loop(float(row[1]))
 
     def _take(self, jobs: list[ClaimedJob]) -> None:
         """Jobs just claimed: into the buffer, then into the free slots."""
@@ -274,7 +247,7 @@ class ClaimLoop:
             self._keyed = any(job.limit_key is not None for job in jobs)
         for job in jobs:
             self._buffer[job.id] = job
-        self._emit_claimed(jobs)
+        self._emit_claimed(jobs, detail="window" if self._for_window else None)
         self._fill()
 
     def _emit_claimed(self, jobs: list[ClaimedJob], detail: str | None = None) -> None:
@@ -436,7 +409,7 @@ class ClaimLoop:
             # Drained: wait for a notification (new jobs, or room for a limited key),
             # the polling timer or a known due time (such as the moment a start-rate
             # window of a key the claim left without room opens).
-            if blocked and await self._when_window_opens(blocked):
+            if blocked and await self._openings.learn(blocked):
                 continue  # a window is open already: claim again, not wait
             if (IDLE_EASING.look_first and wakeup.waits_long()
                     and not wakeup.notified(self.queue)):
@@ -509,26 +482,6 @@ class ClaimLoop:
         ready = bool(row[0])
         wakeup.looked(self.queue, ready, None if row[2] is None else float(row[2]))
         return ready
-
-    async def _when_window_opens(self, keys: tuple[str, ...]) -> bool:
-        """Wake the loop when the soonest start-rate window of ``keys`` opens; True
-        when one is open already (claim again now: a due time already past would be
-        dropped as served)."""
-        loop = asyncio.get_running_loop()
-        try:
-            opens = await self._next_start(keys)
-        except Exception as exc:  # the poll still finds the window open
-            logger.debug("could not read when the start-rate windows open: %s", exc)
-            return False
-        if opens is None:
-            return False
-        if opens <= loop.time():
-            return True
-        # No margin: the opening in loop time is never early (a claim that came too
-        # early would find no room and learn the opening again, never take a start
-        # it may not).
-        self._wakeup.due_at(self.queue, opens, margin=0.0)
-        return False
 
     async def _reconcile(self) -> None:
         """Give back the jobs a lost claim reply left running for this worker.

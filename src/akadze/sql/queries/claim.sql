@@ -765,6 +765,19 @@ RETURNING
 -- transaction ('' after it: nullif), so a statement run outside a claim, or with
 -- an injected clock ($now), never reads a stale one.
 --
+-- not_before: a moment of the server's clock the claim's clock must not come
+-- before (NULL for none): the opening of a start-rate window that a worker
+-- waits for (akadze.worker._claims, "A window's opening"). The worker sends the
+-- claim a little early and the wait happens here, after the turn is taken, so
+-- the claim's clock is the first moment the window is open: counted from the
+-- worker's side instead, each window opened later than the last one's first
+-- start by the claim's own trip (about a millisecond on one host), and the
+-- start rate fell short of max_starts per window by as much. pg_sleep counts
+-- whole milliseconds, rounded up, so it sleeps until a millisecond before and
+-- the rest is spun on clock_timestamp() (`spin`, a row a turn, a millisecond of
+-- CPU at most). Never more than 5 ms in all: the turn of the queue is held
+-- meanwhile, and a wrong moment must not stall the queue's claims.
+--
 -- synchronous_commit for this transaction only (a worker's claims do not wait
 -- for the WAL flush unless durable_claims): set here, local to the transaction,
 -- rather than as a connection's startup option, which PgBouncer refuses. NULL
@@ -782,7 +795,19 @@ SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
                   coalesce(%(synchronous_commit)s::text,
                            current_setting('synchronous_commit')), true),
        set_config('akadze.claim_locked', '{}', true),
-       set_config('akadze.claim_now', clock_timestamp()::text, true),
+       set_config('akadze.claim_now', CASE
+           WHEN %(not_before)s::timestamptz IS NULL THEN clock_timestamp()
+           -- the wait (see above), run only for a claim that has one
+           ELSE (WITH RECURSIVE spin(t, until) AS (
+                     SELECT clock_timestamp(), w.until
+                     FROM (SELECT LEAST(%(not_before)s::timestamptz,
+                                        clock_timestamp() + interval '5 ms') AS until) w,
+                          pg_sleep(extract(epoch FROM w.until - clock_timestamp())::float8
+                                   - 0.001)
+                     UNION ALL
+                     SELECT clock_timestamp(), s.until FROM spin s WHERE s.t < s.until)
+                 SELECT max(s.t) FROM spin s)
+       END::text, true),
        -- where claim_free_read's count stands as the claim begins (it counts
        -- since the backend last reported its statistics, not per transaction)
        pg_stat_get_xact_tuples_returned('akadze.jobs_ready_free_idx'::regclass) AS free_read

@@ -109,6 +109,10 @@ ORDER BY l.key
 -- of counting from this reply's arrival, which opened every window late by the
 -- reply's whole trip.
 --
+-- `opens_at` is the opening as a timestamptz, exact to the microsecond: the claim
+-- the loop sends for it waits for that moment on the server (claim_start's
+-- not_before).
+--
 -- And `open_now`: some key's window is open already and nothing else is known
 -- to hold it (its kept running count is under max_running). Its claim came a
 -- little too early (the server's clock and the loop's drifted apart:
@@ -117,7 +121,8 @@ SELECT extract(epoch FROM min(o.opens) - coalesce(%(now)s::timestamptz, now())):
        extract(epoch FROM min(o.opens))::float8 AS opens,
        extract(epoch FROM clock_timestamp())::float8 AS clock,
        COALESCE(bool_or(o.opens IS NULL AND COALESCE(l.running < l.max_running, true)),
-                false) AS open_now
+                false) AS open_now,
+       min(o.opens) AS opens_at
 FROM akadze.limits l
 LEFT JOIN LATERAL (
     SELECT m.started_at + l."window" AS opens
