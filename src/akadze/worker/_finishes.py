@@ -44,9 +44,10 @@ def _float_array(values: Sequence[float | None]) -> str:
     return "{" + ",".join("NULL" if v is None else repr(float(v)) for v in values) + "}"
 
 
-def _text_array(values: Sequence[str | None]) -> list[str | None] | str:
+def _text_array(values: Sequence[str | None]) -> list[str | None]:
     # unnest() pads shorter arrays with NULLs: an all-NULL column is sent empty.
-    return list(values) if any(v is not None for v in values) else "{}"
+    # Sent in binary (worker.sql, finish_jobs): no quoting of each element.
+    return list(values) if any(v is not None for v in values) else []
 
 
 def finish_params(batch: Sequence[Finish], now: datetime | None) -> dict[str, Any]:

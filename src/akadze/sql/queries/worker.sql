@@ -115,6 +115,9 @@ WHERE j.id = ANY (%(ids)s::bigint[])
 -- name: finish_jobs
 -- Many run outcomes in one statement, one array element per job. Each row is
 -- fenced (run_fence). Rows that fail the fence are simply absent from RETURNING.
+-- The results and errors (JSON texts) travel as binary text[] (%(name)b): in text
+-- format psycopg quotes each element through a regular expression, about 5 us a
+-- job's result, against a quarter of a microsecond.
 --   delay NULL keeps run_at (a give-back keeps its place in the queue);
 --   attempt_delta -1 refunds the attempt the claim counted (snooze, give-back);
 --   error NULL leaves errors unchanged.
@@ -131,7 +134,7 @@ SET state = f.state,
     worker_id = CASE WHEN f.state = 'queued' THEN NULL ELSE j.worker_id END
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(run_counts)s::integer[],
             %(states)s::akadze.job_state[], %(attempt_deltas)s::integer[],
-            %(delays)s::float8[], %(results)s::text[], %(errors)s::text[])
+            %(delays)s::float8[], %(results)b::text[], %(errors)b::text[])
      AS f(id, claim_token, run_count, state, attempt_delta, delay, result, error)
 -- include: outcome_rows
 RETURNING j.id;
@@ -151,7 +154,7 @@ WITH f AS (
             WHERE e ->> 'error' = 'GivenBack' AND e ->> 'attempt' = j.attempt::text
            ) >= %(cap)s AS spent
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(run_counts)s::integer[],
-                %(errors)s::text[])
+                %(errors)b::text[])
          AS f(id, claim_token, run_count, error)
     JOIN akadze.jobs AS j ON j.id = f.id
     WHERE j.id = ANY (%(ids)s::bigint[])
@@ -180,7 +183,7 @@ SET state = 'succeeded',
     result = f.result::jsonb,
     finished_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(run_counts)s::integer[],
-            %(results)s::text[])
+            %(results)b::text[])
      AS f(id, claim_token, run_count, result)
 -- include: outcome_rows
 RETURNING j.id;
