@@ -306,8 +306,8 @@ def claim(
     None keeps the session's setting. ``not_before``: a moment of the server's
     clock the claim's own clock must not come before (the opening of a
     start-rate window the caller waits for): sent a little early, the claim
-    waits for it on the server once the queue's turn is its own, 5 ms at most,
-    so its starts count from that moment exactly; not with ``now``.
+    waits for it on the server (5 ms at most) before it takes the queue's turn,
+    so its starts count from that moment when the turn is free; not with ``now``.
     Returns the claimed jobs in claim order.
 
     Reuse the connection for the next claims: the claim's statements are

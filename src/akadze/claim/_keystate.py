@@ -53,7 +53,7 @@ class KeyState:
     def started(self, rows: list[Row]) -> None:
         """The settings claim_start replaced (restored before the hooks run)."""
         self.settings = {name: rows[0][number] for number, name in enumerate(
-            ("plan_cache_mode", "jit", "enable_seqscan", "enable_bitmapscan"))}
+            ("plan_cache_mode", "jit", "enable_seqscan", "enable_bitmapscan"), 1)}
         self.free_read_at_start = int(rows[0][11] or 0)
 
     def free_read_since(self, rows: list[Row]) -> int:

@@ -102,9 +102,12 @@ def _opening(request: Request) -> tuple[Statement, Statement]:
     """The claim's first two statements, at the head of its first round trip:
     claim_start (the queue's turn and the plan settings) and claim_sweep (due
     cancel-requested and expired rows become 'cancelled')."""
-    return (prepared("claim_start", {"queue": request.queue,
-                                     "synchronous_commit": request.synchronous_commit,
-                                     "not_before": request.not_before}),
+    start = {"queue": request.queue, "synchronous_commit": request.synchronous_commit}
+    if request.not_before is not None:  # wait for that moment, then take the turn
+        opening = prepared("claim_start_at", {**start, "not_before": request.not_before})
+    else:
+        opening = prepared("claim_start", start)
+    return (opening,
             prepared("claim_sweep", request.params(), rows=job_rows))
 
 

@@ -10,9 +10,9 @@ opening itself, not a claim's trip after it:
   :class:`~._serverclock.ServerClock`, which is never early;
 - the loop wakes :data:`WINDOW_LEAD` before it (:meth:`Openings.learn` sets the
   wake-up) and sends its claim with ``not_before`` set to the opening
-  (:meth:`Openings.claim_for`): the server waits for that moment once the queue's
-  turn is the claim's (claim_start, 5 ms at most), so the claim's clock, which
-  the start marks take, is the first moment the window is open.
+  (:meth:`Openings.claim_for`): the server waits for that moment, then takes the
+  queue's turn (claim_start_at, 5 ms at most), so the claim's clock, which the
+  start marks take, is the first moment the window is open when the turn is free.
 
 Counted from the loop's side instead, each window opened later than the last
 one's first start by the claim's own trip (about a millisecond on one host), and a
@@ -39,9 +39,10 @@ from ._wakeup import Wakeup
 logger = logging.getLogger("akadze.worker")
 
 #: How long before a start-rate window opens its claim is sent: the claim waits on
-#: the server for the opening itself (claim_start's not_before, 5 ms at most), so
-#: this covers the claim's way there (the wake-up, the pipeline, the turn) on a
-#: busy host; the queue's turn is held for about this long at each opening.
+#: the server for the opening itself (claim_start_at, 5 ms at most), so this
+#: covers the claim's way there (the wake-up, the pipeline) on a busy host; the
+#: claim connection is busy about this long at each opening (not the queue's
+#: turn: the wait comes before it).
 WINDOW_LEAD = 0.003
 #: A claim sent more than this before the opening (woken by something else) does
 #: not wait for it.

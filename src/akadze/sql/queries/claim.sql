@@ -755,7 +755,7 @@ RETURNING
 --
 -- akadze.claim_now: the claim's clock, read here once the turn is ours
 -- (clock_timestamp(), after the lock: the select list is evaluated once the FROM
--- has taken it). Every statement of the claim reads it (COALESCE($now,
+-- has taken it, first of the list). Every statement of the claim reads it (COALESCE($now,
 -- claim_now, now())), the same in each, as now() would be. Not now(): that is the
 -- transaction's start, which came before the wait for the turn, so a claim that
 -- waited behind others would find a job enqueued meanwhile not yet due (its
@@ -767,23 +767,48 @@ RETURNING
 --
 -- not_before: a moment of the server's clock the claim's clock must not come
 -- before (NULL for none): the opening of a start-rate window that a worker
--- waits for (akadze.worker._claims, "A window's opening"). The worker sends the
--- claim a little early and the wait happens here, after the turn is taken, so
--- the claim's clock is the first moment the window is open: counted from the
+-- waits for (akadze.worker._openings). The worker sends the claim a little early
+-- and the wait happens here, before the turn is taken (other claims of the queue
+-- go on meanwhile), so the claim's clock, read once the turn is ours, is the
+-- first moment the window is open when the turn is free: counted from the
 -- worker's side instead, each window opened later than the last one's first
--- start by the claim's own trip (about a millisecond on one host), and the
--- start rate fell short of max_starts per window by as much. pg_sleep counts
--- whole milliseconds, rounded up, so it sleeps until a millisecond before and
--- the rest is spun on clock_timestamp() (`spin`, a row a turn, a millisecond of
--- CPU at most). Never more than 5 ms in all: the turn of the queue is held
--- meanwhile, and a wrong moment must not stall the queue's claims.
+-- start by the claim's own trip (about a millisecond and a half on one host),
+-- and the start rate fell short of max_starts per window by as much. pg_sleep
+-- counts whole milliseconds, rounded up, so it sleeps until a millisecond before
+-- and the rest is spun on clock_timestamp() (`spin`, a row a turn: a millisecond
+-- of CPU at most). Never more than 5 ms in all, whatever the moment. A claim
+-- with not_before opens with claim_start_at instead.
 --
 -- synchronous_commit for this transaction only (a worker's claims do not wait
 -- for the WAL flush unless durable_claims): set here, local to the transaction,
 -- rather than as a connection's startup option, which PgBouncer refuses. NULL
 -- keeps the session's setting. Not restored before the hooks: it is what the
 -- COMMIT uses.
-SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
+SELECT
+-- include: claim_start_list
+FROM (SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))) AS turn
+
+-- name: claim_start_at
+-- claim_start for a claim with not_before (see above): the wait, then the turn.
+-- A statement of its own, so that a claim without one plans and starts no part
+-- of the wait (about 15 us a claim).
+SELECT
+-- include: claim_start_list
+FROM (SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))
+      FROM (WITH RECURSIVE spin(t, until) AS (
+                SELECT clock_timestamp(), w.until
+                FROM (SELECT LEAST(%(not_before)s::timestamptz,
+                                   clock_timestamp() + interval '5 ms') AS until) w,
+                     pg_sleep(extract(epoch FROM w.until - clock_timestamp())::float8 - 0.001)
+                UNION ALL
+                SELECT clock_timestamp(), s.until FROM spin s WHERE s.t < s.until)
+            SELECT max(s.t) FROM spin s) AS waited) AS turn
+
+-- fragment: claim_start_list
+-- The select list of claim_start and claim_start_at. The claim's clock comes
+-- first: the list is evaluated in order, once the FROM has taken the turn.
+set_config('akadze.claim_now', clock_timestamp()::text, true) AS claim_now,
+       current_setting('plan_cache_mode') AS plan_cache_mode,
        current_setting('jit') AS jit,
        current_setting('enable_seqscan') AS enable_seqscan,
        current_setting('enable_bitmapscan') AS enable_bitmapscan,
@@ -795,23 +820,10 @@ SELECT current_setting('plan_cache_mode') AS plan_cache_mode,
                   coalesce(%(synchronous_commit)s::text,
                            current_setting('synchronous_commit')), true),
        set_config('akadze.claim_locked', '{}', true),
-       set_config('akadze.claim_now', CASE
-           WHEN %(not_before)s::timestamptz IS NULL THEN clock_timestamp()
-           -- the wait (see above), run only for a claim that has one
-           ELSE (WITH RECURSIVE spin(t, until) AS (
-                     SELECT clock_timestamp(), w.until
-                     FROM (SELECT LEAST(%(not_before)s::timestamptz,
-                                        clock_timestamp() + interval '5 ms') AS until) w,
-                          pg_sleep(extract(epoch FROM w.until - clock_timestamp())::float8
-                                   - 0.001)
-                     UNION ALL
-                     SELECT clock_timestamp(), s.until FROM spin s WHERE s.t < s.until)
-                 SELECT max(s.t) FROM spin s)
-       END::text, true),
        -- where claim_free_read's count stands as the claim begins (it counts
        -- since the backend last reported its statistics, not per transaction)
        pg_stat_get_xact_tuples_returned('akadze.jobs_ready_free_idx'::regclass) AS free_read
-FROM (SELECT pg_advisory_xact_lock(6384484, hashtext(%(queue)s))) AS turn
+
 
 -- name: claim_plan_restore
 SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
