@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from ..database import connect, describe
 from ..limits import set_limit_sync
 from . import queries
 from .claims import host_details, scratch_database
+from .hostcpu import postmaster_of, server_seconds
 from .limits_worker import TASK, child, one, run_until_done
 
 
@@ -71,6 +73,27 @@ class KeysUse:
     lowest: float
     keys: int
     seconds: float
+    jobs: int = 0
+    #: CPU seconds over the run, of the worker processes (from their workers'
+    #: start) and of the server (None when it is not a process of this host).
+    workers_cpu: float | None = None
+    server_cpu: float | None = None
+    #: Starts a second with every key at its max_running all the time.
+    at_limit: float = 0.0
+
+    def per_job(self) -> str:
+        """The CPU of a job, workers and server, and how many jobs a second the
+        host could run at that cost."""
+        if not self.jobs or self.workers_cpu is None or self.server_cpu is None:
+            return "CPU not measured (the server is not a process of this host)"
+        cost = (self.workers_cpu + self.server_cpu) / self.jobs
+        cores = os.cpu_count() or 1
+        most = cores / cost
+        share = f", {most / self.at_limit:.0%} of the {self.at_limit:,.0f} the limits allow" \
+            if self.at_limit else ""
+        return (f"CPU a job: workers {self.workers_cpu / self.jobs * 1e6:.0f} us, server "
+                f"{self.server_cpu / self.jobs * 1e6:.0f} us; {cores} cores run at most "
+                f"{most:,.0f} jobs/s at that cost{share}")
 
 
 def many_keys(url: str, keys: int, per_key: int, seconds: float, processes: int,
@@ -81,7 +104,8 @@ def many_keys(url: str, keys: int, per_key: int, seconds: float, processes: int,
             set_limit_sync(conn, f"k{number}", max_running=2)
     total = keys * per_key
     spawn = multiprocessing.get_context("spawn")
-    workers = [spawn.Process(target=child, args=(url, slots, poll, total, hand_off))
+    cpu = spawn.Queue()
+    workers = [spawn.Process(target=child, args=(url, slots, poll, total, hand_off, cpu))
                for _ in range(processes)]
     for process in workers:
         process.start()
@@ -93,19 +117,28 @@ def many_keys(url: str, keys: int, per_key: int, seconds: float, processes: int,
                     raise click.ClickException("the worker processes did not start")
                 time.sleep(0.05)
         time.sleep(0.5)  # their LISTEN connections too
+        with connect(url) as conn:
+            postmaster = postmaster_of(conn)
+        server_before = None if postmaster is None else server_seconds(postmaster)
         _insert(url, count=total, keys=keys, prefix="k", seconds=seconds)
         for process in workers:
             process.join(timeout=max(120.0, total * seconds))
+        # the workers' backends have ended: the postmaster has reaped their time
+        server_after = None if postmaster is None else server_seconds(postmaster, 0.1)
     finally:
         for process in workers:
             if process.is_alive():
                 process.kill()
     if any(process.exitcode != 0 for process in workers):
         raise click.ClickException("a worker process failed")
+    spent = [cpu.get(timeout=10) for _ in workers]
     with connect(url) as conn:
         mean, lowest, counted = one(conn, "limits_busy_use")
         drain = one(conn, "limits_busy_drain")[0]
-    return KeysUse(float(mean), float(lowest), int(counted), float(drain))
+    server = (server_after - server_before
+              if server_before is not None and server_after is not None else None)
+    return KeysUse(float(mean), float(lowest), int(counted), float(drain), total,
+                   sum(spent), server, keys * 2 / seconds if seconds > 0 else 0.0)
 
 
 @dataclass
@@ -144,7 +177,7 @@ def _median(values: Sequence[float]) -> float:
 
 
 def write_report(path: Path, host: dict[str, str], rows: list[tuple[str, ...]],
-                 runs: int, poll: float) -> None:
+                 runs: int, poll: float, notes: Sequence[str] = ()) -> None:
     lines = [
         "# Limits that keep their slots busy",
         "",
@@ -159,6 +192,10 @@ def write_report(path: Path, host: dict[str, str], rows: list[tuple[str, ...]],
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
     ]
+    if notes:
+        lines += ["What the runs cost the host's CPU (the worker processes from their "
+                  "workers' start, the server's processes from the burst to the end):",
+                  "", *notes, ""]
     path.write_text("\n".join(lines))
 
 
@@ -199,6 +236,7 @@ def command(runs: int, jobs: int, seconds: float, keys: int, per_key: int,
     chosen = set(only or ("one-key", "many-keys", "start-rate"))
     click.echo(f"benching on {describe(url)}")
     rows: list[tuple[str, ...]] = []
+    notes: list[str] = []
     with scratch_database(url, False) as scratch:
         with connect(scratch) as conn:
             host = host_details(conn)
@@ -213,7 +251,10 @@ def command(runs: int, jobs: int, seconds: float, keys: int, per_key: int,
                               hand_off) for _ in range(runs)]
             for use in uses:
                 click.echo(f"many keys: mean use {use.mean:.1%}, lowest {use.lowest:.1%}, "
-                           f"{use.keys} keys, drained in {use.seconds:.2f} s")
+                           f"{use.keys} keys, drained in {use.seconds:.2f} s; "
+                           f"{use.per_job()}")
+            notes.extend(f"- many keys, run {number}: {use.per_job()}."
+                         for number, use in enumerate(uses, 1))
             rows.append((f"many keys: {keys} keys x {per_key} jobs of {key_seconds:g} s, "
                          f"max_running 2, {processes} processes x {slots} slots",
                          f"{_median([u.mean for u in uses]):.1%} mean use "
@@ -232,5 +273,5 @@ def command(runs: int, jobs: int, seconds: float, keys: int, per_key: int,
                          ", ".join(f"{r.per_second:.3f}/{r.by_marks:.3f}" for r in rates)))
     print_table("limits kept busy", ["scenario", "figure", "target", "runs"], rows)
     if report is not None:
-        write_report(report, host, rows, runs, poll)
+        write_report(report, host, rows, runs, poll, notes)
         click.echo(f"report written to {report}")

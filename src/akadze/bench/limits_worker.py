@@ -14,6 +14,7 @@ import psycopg
 from ..app import Akadze
 from ..worker import Worker
 from . import queries
+from .hostcpu import own_seconds
 
 TASK = "bench.sleep"
 
@@ -58,6 +59,12 @@ async def run_until_done(url: str, slots: int, poll: float, total: int,
 
 
 
-def child(url: str, slots: int, poll: float, total: int, hand_off: bool = True) -> None:
-    """A worker process of the many-keys scenario."""
+def child(url: str, slots: int, poll: float, total: int, hand_off: bool = True,
+          cpu: Any = None) -> None:
+    """A worker process of the many-keys scenario. ``cpu``: a multiprocessing queue
+    that gets the CPU seconds the process spent from its worker's start to its end
+    (not its own start: the interpreter and the imports)."""
+    began = own_seconds()
     asyncio.run(run_until_done(url, slots, poll, total, hand_off))
+    if cpu is not None:
+        cpu.put(own_seconds() - began)

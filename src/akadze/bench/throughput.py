@@ -23,6 +23,7 @@ Runs in scratch databases created (and dropped) on the server of the URL.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import threading
 import time
@@ -40,6 +41,7 @@ from ..database import connect, describe
 from ..worker import Worker
 from .claim_scenarios import stale_tables
 from .claims import host_details, scratch_database
+from .hostcpu import own_seconds, postmaster_of, server_seconds
 from .workflows import WAITER_EVERY, FanIn, WaiterRuns, measure_fan_in, measure_waiters
 
 Conn = psycopg.Connection[Any]
@@ -53,10 +55,20 @@ class Throughput:
     slots: int
     seconds: float
     stale: bool = False
+    #: CPU seconds of the drain: this process's (the worker's) and the server's
+    #: (None when the server is not a process of this host: hostcpu).
+    worker_cpu: float = 0.0
+    server_cpu: float | None = None
 
     @property
     def rate(self) -> float:
         return self.jobs / self.seconds if self.seconds > 0 else float("inf")
+
+    def cpu_per_job(self) -> tuple[float, float] | None:
+        """Microseconds of CPU a job: the worker's, the server's."""
+        if self.server_cpu is None or not self.jobs:
+            return None
+        return self.worker_cpu / self.jobs * 1e6, self.server_cpu / self.jobs * 1e6
 
 
 @dataclass
@@ -72,6 +84,19 @@ class Cell:
     @staticmethod
     def median(runs: Sequence[Throughput]) -> float:
         return statistics.median(r.rate for r in runs) if runs else float("nan")
+
+    def cpu_line(self) -> str | None:
+        """The CPU a job of the cell's runs (medians over every run), and how many
+        jobs a second this host's cores could run at that cost."""
+        costs = [c for c in (r.cpu_per_job() for r in self.fresh + self.stale) if c]
+        if not costs:
+            return None
+        worker = statistics.median(c[0] for c in costs)
+        server = statistics.median(c[1] for c in costs)
+        cores = os.cpu_count() or 1
+        return (f"{self.jobs:,} jobs, {self.slots} slots: worker {worker:.0f} us + server "
+                f"{server:.0f} us a job; {cores} cores run at most "
+                f"{cores * 1e6 / (worker + server):,.0f} jobs/s at that cost")
 
     def row(self) -> tuple[str, ...]:
         fresh, stale = self.median(self.fresh), self.median(self.stale)
@@ -140,6 +165,9 @@ async def measure_throughput(url: str, jobs: int, slots: int,
         if not stale:
             # A backlog that has been there a while has been analyzed.
             conn.execute("VACUUM ANALYZE akadze.jobs")
+        postmaster = postmaster_of(conn)
+        server_began = None if postmaster is None else server_seconds(postmaster)
+        cpu_began = own_seconds()
         began = time.perf_counter()
         async with Worker(bench.app, slots=slots, poll_interval=1.0, lease=60) as worker:
             try:
@@ -152,11 +180,16 @@ async def measure_throughput(url: str, jobs: int, slots: int,
                     f"({slots} slots)") from None
             await worker.wait_idle()
             seconds = time.perf_counter() - began
+        worker_cpu = own_seconds() - cpu_began
+        # after the worker stopped: its backends' time is the postmaster's now
+        server_ended = None if postmaster is None else server_seconds(postmaster, 0.1)
         row = conn.execute("SELECT count(*) FROM akadze.jobs WHERE state = 'succeeded'"
                            ).fetchone()
     if not row or int(str(row[0])) != jobs:
         raise click.ClickException(f"expected {jobs} succeeded jobs, found {row}")
-    return Throughput(jobs, slots, seconds)
+    server_cpu = (server_ended - server_began
+                  if server_began is not None and server_ended is not None else None)
+    return Throughput(jobs, slots, seconds, stale, worker_cpu, server_cpu)
 
 
 def _enqueue_one(conn: Conn, bench: _Bench) -> tuple[float, float]:
@@ -267,6 +300,11 @@ def write_report(path: Path, host: dict[str, str], cells: Sequence[Cell],
     ]
     for cell in cells:
         lines.append("| " + " | ".join(cell.row()) + " |")
+    cpu = [line for line in (cell.cpu_line() for cell in cells) if line]
+    if cpu:
+        lines += ["", "CPU of the drains (this process, which runs the worker, and every "
+                  "process of the server, from the worker's start to its end; medians of "
+                  "the cell's runs):", "", *(f"- {line}." for line in cpu)]
     if latency is not None:
         lines += [
             "",
@@ -350,9 +388,12 @@ def command(sizes: tuple[int, ...], slot_counts: tuple[int, ...], stale_stats: b
                     with scratch_database(url, False) as scratch:
                         result = asyncio.run(measure_throughput(scratch, size, slots, stale))
                     (cell.stale if stale else cell.fresh).append(result)
+                    cost = result.cpu_per_job()
                     click.echo(f"{size} jobs, {slots} slots, "
                                f"{'stale' if stale else 'fresh'}: {result.seconds:.2f} s, "
-                               f"{result.rate:,.0f} jobs/s")
+                               f"{result.rate:,.0f} jobs/s" + (
+                                   f" (CPU a job: worker {cost[0]:.0f} us, server "
+                                   f"{cost[1]:.0f} us)" if cost else ""))
             cells.append(cell)
     waiters = fan_in = None
     with scratch_database(url, False) as scratch:
