@@ -49,8 +49,9 @@ class WorkerEvent:
     back when fenced, found lost after a reconnect, outcomes accepted by the fence,
     the running jobs the database marks cancel-requested for ``cancel_checked``);
     ``discarded`` the jobs whose outcome the fence refused (``outcomes_written``);
-    ``detail`` is ``"graceful"`` or ``"now"`` for ``stopping``, and what made the
-    worker check its runs for ``lost``.
+    ``detail`` is ``"graceful"`` or ``"now"`` for ``stopping``, what made the worker
+    check its runs for ``lost``, and for ``claimed`` ``"hand_off"`` (started by a
+    hand-off) or ``"window"`` (a claim sent for a start-rate window's opening).
     """
 
     kind: EventKind
