@@ -49,6 +49,24 @@ WINDOW_LEAD = 0.003
 WINDOW_EARLY = WINDOW_LEAD + 0.0005
 
 
+def next_wake(when: float, at: datetime | None, now: float,
+              lead: float = WINDOW_LEAD) -> float | None:
+    """When the loop wakes for an opening at loop time ``when`` (``at``: the same
+    moment of the server's clock, None when the claim cannot wait for it there),
+    seen at loop time ``now``: a loop time later than ``now``, or None to claim
+    now. A due time at or before ``now`` would be dropped as served
+    (:class:`~._wakeup.Wakeup`), so an opening closer than the wake-up's lead is
+    claimed at once: with ``at`` the claim then waits for it on the server.
+
+    - Without ``at``: at the opening itself (never early: the claim would find no
+      room yet), or now once it has come.
+    - With ``at``: ``lead`` before it, or now when that is past.
+
+    Pure: plain floats in (property-tested, tests/test_openings.py)."""
+    due = when if at is None else when - lead
+    return due if due > now else None
+
+
 class Openings:
     """The start-rate windows one queue's claim loop waits for."""
 
@@ -66,8 +84,8 @@ class Openings:
     async def learn(self, keys: tuple[str, ...]) -> bool:
         """The claim left ``keys`` without room: wake the loop for the soonest of
         their start-rate windows (WINDOW_LEAD early, see the module). True when one
-        is open already: claim again now (a due time already past would be dropped
-        as served)."""
+        is open already, or opens sooner than that: claim again now (a due time
+        already past would be dropped as served; :func:`next_wake`)."""
         loop = asyncio.get_running_loop()
         try:
             opens = await self._next(keys)
@@ -77,16 +95,12 @@ class Openings:
         if opens is None:
             return False
         when, at = opens
-        if when <= loop.time():
+        wake = next_wake(when, at, loop.time())
+        if at is not None:
+            self._window = (when, at)
+        if wake is None:
             return True
-        if at is None:
-            # No margin: the opening in loop time is never early (a claim that came
-            # too early would find no room and learn the opening again, never take a
-            # start it may not).
-            self._wakeup.due_at(self._queue, when, margin=0.0)
-            return False
-        self._window = (when, at)
-        self._wakeup.due_at(self._queue, when - WINDOW_LEAD, margin=0.0)
+        self._wakeup.due_at(self._queue, wake, margin=0.0)
         return False
 
     def claim_for(self) -> datetime | None:
