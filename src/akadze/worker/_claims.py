@@ -381,6 +381,7 @@ class ClaimLoop:
             room = self._room()
             began = loop.time()
             wakeup.unsure(self.queue)
+            wakeup.claiming(self.queue)
             IDLE_EASING.claims += 1
             try:
                 if self._suspect:

@@ -114,6 +114,7 @@ class _Signals:
     by_due: bool = False  # the last wait ended at a known due time
     quiet: bool = False  # the last look found nothing ready: listening, wait long
     expected: float | None = None  # loop time: the queue's next job is due, as looked
+    claimed: float = float("-inf")  # loop time the queue's last claim began
 
 
 class Wakeup:
@@ -162,6 +163,12 @@ class Wakeup:
         signals.expected = None
         if not ready and due_in is not None and self.waits_long():
             signals.expected = asyncio.get_running_loop().time() + max(due_in, 0.0)
+
+    def claiming(self, queue: str) -> None:
+        """A claim of ``queue`` begins now: it serves every due time up to now. A due
+        time that comes while it runs is not served by it (the job was not ready
+        yet) and still wakes the loop, however soon after (:meth:`_poll_timeout`)."""
+        self._signals[queue].claimed = asyncio.get_running_loop().time()
 
     def unsure(self, queue: str) -> None:
         """What the last look said no longer holds (a claim, a failed look): poll."""
@@ -239,11 +246,14 @@ class Wakeup:
         if signals.quiet and self.waits_long():
             interval = self._quiet_poll or interval
         timeout, why = interval * self._random.uniform(0.8, 1.2), "poll"
-        while signals.due and signals.due[0] <= now:
+        # Served: the due times a claim began after. One that came since the last
+        # claim began, even if it is past now (it came during that claim, or while
+        # the loop did something else), wakes the loop at once.
+        while signals.due and signals.due[0] <= signals.claimed:
             heapq.heappop(signals.due)
         # due_at added the 1 ms margin already (one margin, not two).
         if signals.due and signals.due[0] - now < timeout:
-            timeout, why = signals.due[0] - now, "due"
+            timeout, why = max(signals.due[0] - now, 0.0), "due"
         expected = signals.expected
         if expected is not None and expected - now + 0.001 < timeout:
             timeout, why = expected - now + 0.001, "expected"
