@@ -54,9 +54,10 @@ def next_wake(when: float, at: datetime | None, now: float,
     """When the loop wakes for an opening at loop time ``when`` (``at``: the same
     moment of the server's clock, None when the claim cannot wait for it there),
     seen at loop time ``now``: a loop time later than ``now``, or None to claim
-    now. A due time at or before ``now`` would be dropped as served
-    (:class:`~._wakeup.Wakeup`), so an opening closer than the wake-up's lead is
-    claimed at once: with ``at`` the claim then waits for it on the server.
+    now. A due time at or before ``now`` may count as served already (by a claim
+    that began after it: :meth:`~._wakeup.Wakeup.claiming`), so an opening closer
+    than the wake-up's lead is claimed at once: with ``at`` the claim then waits
+    for it on the server.
 
     - Without ``at``: at the opening itself (never early: the claim would find no
       room yet), or now once it has come.
@@ -84,8 +85,8 @@ class Openings:
     async def learn(self, keys: tuple[str, ...]) -> bool:
         """The claim left ``keys`` without room: wake the loop for the soonest of
         their start-rate windows (WINDOW_LEAD early, see the module). True when one
-        is open already, or opens sooner than that: claim again now (a due time
-        already past would be dropped as served; :func:`next_wake`)."""
+        is open already, or opens sooner than that: claim again now
+        (:func:`next_wake`)."""
         loop = asyncio.get_running_loop()
         try:
             opens = await self._next(keys)
