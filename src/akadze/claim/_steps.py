@@ -86,8 +86,8 @@ class Request:
     # startup option (a pooler in transaction mode refuses those).
     synchronous_commit: str | None = None
     # A moment of the server's clock the claim's clock must not come before (the
-    # opening of a start-rate window): the server waits for it in claim_start,
-    # 5 ms at most. None: no wait.
+    # opening of a start-rate window): the server waits for it in claim_start_at,
+    # 5 ms at most. None: no wait (claim_start).
     not_before: datetime | None = None
     # Whether transition hooks run in the claim's transaction after it.
     hooks: bool = True

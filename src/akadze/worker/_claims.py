@@ -380,7 +380,6 @@ class ClaimLoop:
                     continue
             room = self._room()
             began = loop.time()
-            wakeup.unsure(self.queue)
             wakeup.claiming(self.queue)
             IDLE_EASING.claims += 1
             try:

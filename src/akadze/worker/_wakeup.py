@@ -165,13 +165,15 @@ class Wakeup:
             signals.expected = asyncio.get_running_loop().time() + max(due_in, 0.0)
 
     def claiming(self, queue: str) -> None:
-        """A claim of ``queue`` begins now: it serves every due time up to now. A due
-        time that comes while it runs is not served by it (the job was not ready
-        yet) and still wakes the loop, however soon after (:meth:`_poll_timeout`)."""
+        """A claim of ``queue`` begins now: what the last look said no longer holds
+        (:meth:`unsure`), and the claim serves every due time up to now. A due time
+        that comes while it runs is not served by it (the job was not ready yet) and
+        still wakes the loop, however soon after (:meth:`_poll_timeout`)."""
+        self.unsure(queue)
         self._signals[queue].claimed = asyncio.get_running_loop().time()
 
     def unsure(self, queue: str) -> None:
-        """What the last look said no longer holds (a claim, a failed look): poll."""
+        """What the last look said no longer holds (a failed look, a claim): poll."""
         signals = self._signals[queue]
         signals.quiet = False
         signals.expected = None

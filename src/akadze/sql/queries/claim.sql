@@ -824,7 +824,6 @@ set_config('akadze.claim_now', clock_timestamp()::text, true) AS claim_now,
        -- since the backend last reported its statistics, not per transaction)
        pg_stat_get_xact_tuples_returned('akadze.jobs_ready_free_idx'::regclass) AS free_read
 
-
 -- name: claim_plan_restore
 SELECT set_config('plan_cache_mode', %(plan_cache_mode)s, true),
        set_config('jit', %(jit)s, true),

@@ -110,7 +110,7 @@ ORDER BY l.key
 -- reply's whole trip.
 --
 -- `opens_at` is the opening as a timestamptz, exact to the microsecond: the claim
--- the loop sends for it waits for that moment on the server (claim_start's
+-- the loop sends for it waits for that moment on the server (claim_start_at's
 -- not_before).
 --
 -- And `open_now`: some key's window is open already and nothing else is known
