@@ -83,6 +83,13 @@ def _server_seconds(postmaster: int) -> float | None:
     return total / _ticks()
 
 
+def at_most(seconds_a_job: float) -> tuple[int, float]:
+    """This host's cores, and how many jobs a second they could run if each job
+    cost ``seconds_a_job`` of CPU and they did nothing else."""
+    cores = os.cpu_count() or 1
+    return cores, cores / seconds_a_job
+
+
 def own_seconds() -> float:
     """CPU seconds this process has used so far (every thread)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)

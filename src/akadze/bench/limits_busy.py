@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ from ..database import connect, describe
 from ..limits import set_limit_sync
 from . import queries
 from .claims import host_details, scratch_database
-from .hostcpu import postmaster_of, server_seconds
+from .hostcpu import at_most, postmaster_of, server_seconds
 from .limits_worker import TASK, child, one, run_until_done
 
 
@@ -86,9 +85,7 @@ class KeysUse:
         host could run at that cost."""
         if not self.jobs or self.workers_cpu is None or self.server_cpu is None:
             return "CPU not measured (the server is not a process of this host)"
-        cost = (self.workers_cpu + self.server_cpu) / self.jobs
-        cores = os.cpu_count() or 1
-        most = cores / cost
+        cores, most = at_most((self.workers_cpu + self.server_cpu) / self.jobs)
         share = f", {most / self.at_limit:.0%} of the {self.at_limit:,.0f} the limits allow" \
             if self.at_limit else ""
         return (f"CPU a job: workers {self.workers_cpu / self.jobs * 1e6:.0f} us, server "
@@ -116,9 +113,8 @@ def many_keys(url: str, keys: int, per_key: int, seconds: float, processes: int,
                 if time.monotonic() > deadline:
                     raise click.ClickException("the worker processes did not start")
                 time.sleep(0.05)
-        time.sleep(0.5)  # their LISTEN connections too
-        with connect(url) as conn:
             postmaster = postmaster_of(conn)
+        time.sleep(0.5)  # their LISTEN connections too
         server_before = None if postmaster is None else server_seconds(postmaster)
         _insert(url, count=total, keys=keys, prefix="k", seconds=seconds)
         for process in workers:

@@ -23,7 +23,6 @@ Runs in scratch databases created (and dropped) on the server of the URL.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import threading
 import time
@@ -41,7 +40,7 @@ from ..database import connect, describe
 from ..worker import Worker
 from .claim_scenarios import stale_tables
 from .claims import host_details, scratch_database
-from .hostcpu import own_seconds, postmaster_of, server_seconds
+from .hostcpu import at_most, own_seconds, postmaster_of, server_seconds
 from .workflows import WAITER_EVERY, FanIn, WaiterRuns, measure_fan_in, measure_waiters
 
 Conn = psycopg.Connection[Any]
@@ -93,10 +92,10 @@ class Cell:
             return None
         worker = statistics.median(c[0] for c in costs)
         server = statistics.median(c[1] for c in costs)
-        cores = os.cpu_count() or 1
+        cores, most = at_most((worker + server) / 1e6)
         return (f"{self.jobs:,} jobs, {self.slots} slots: worker {worker:.0f} us + server "
                 f"{server:.0f} us a job; {cores} cores run at most "
-                f"{cores * 1e6 / (worker + server):,.0f} jobs/s at that cost")
+                f"{most:,.0f} jobs/s at that cost")
 
     def row(self) -> tuple[str, ...]:
         fresh, stale = self.median(self.fresh), self.median(self.stale)
