@@ -5,6 +5,7 @@ is always flagged, so the count is the key's running jobs."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -12,9 +13,13 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from worker_support import eventually
 
+from akadze import outcomes
 from akadze.claim import claim
+from akadze.jobs import JobState
 from akadze.limits import clear_limit_sync, set_limit_sync
+from akadze.worker._finishes import write
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -173,8 +178,11 @@ def test_a_new_row_counts_from_zero_and_never_goes_below(conn: Conn) -> None:
 
 
 def test_finishes_and_claims_of_the_same_keys_never_deadlock(database_url: str) -> None:
-    """Writers of the same keys in opposite orders: each statement's counts are
-    applied in key order, so none waits in a cycle (a deadlock would raise)."""
+    """Writers of the same keys whose rows come in opposite key orders: each
+    statement's counts are applied in key order, so none waits in a cycle (a
+    deadlock would raise). (Two statements of one transaction lock two sets one
+    after the other; the outcome write locks its keys first for that:
+    test_a_mixed_outcome_write_locks_its_keys_in_key_order.)"""
     keys = [f"k{i}" for i in range(8)]
     with psycopg.connect(database_url, autocommit=True) as setup:
         for key in keys:
@@ -200,16 +208,13 @@ def test_finishes_and_claims_of_the_same_keys_never_deadlock(database_url: str) 
             with psycopg.connect(database_url, autocommit=True) as c:
                 start.wait()
                 for _ in range(60):
-                    with c.transaction():
-                        # Two statements per transaction, keys in opposite orders.
-                        for part in ((0, 1, 2, 3), (4, 5, 6, 7)) if order == "up" else (
-                                (7, 6, 5, 4), (3, 2, 1, 0)):
-                            c.execute(
-                                "UPDATE akadze.jobs SET state = 'succeeded',"
-                                " finished_at = now() WHERE id IN (SELECT id FROM"
-                                " akadze.jobs WHERE state = 'running' AND limit_key ="
-                                " ANY (%s) ORDER BY id LIMIT 4 FOR UPDATE SKIP LOCKED)",
-                                ([f"k{i}" for i in part],))
+                    # One statement, its rows locked (and changed) in ascending or
+                    # descending key order.
+                    c.execute(
+                        "UPDATE akadze.jobs SET state = 'succeeded', finished_at = now()"
+                        " WHERE id IN (SELECT id FROM akadze.jobs WHERE state = 'running'"
+                        " ORDER BY limit_key " + ("ASC" if order == "up" else "DESC")
+                        + ", id LIMIT 8 FOR UPDATE SKIP LOCKED)")
         except BaseException as exc:
             errors.append(exc)
 
@@ -224,6 +229,43 @@ def test_finishes_and_claims_of_the_same_keys_never_deadlock(database_url: str) 
     assert errors == []
     with psycopg.connect(database_url, autocommit=True) as check:
         assert _mismatches(check) == []
+
+
+async def test_a_mixed_outcome_write_locks_its_keys_in_key_order(
+    database_url: str, conn: Conn, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    """An outcome write of more than one statement (a run of key b succeeded, one of
+    key a failed: finish_succeeded, then finish_jobs) locks both keys' limits rows
+    first, in key order. While another transaction holds a's row, the write waits
+    for it holding nothing: b's row stays free. Statement by statement, it would
+    hold b's row while it waits for a's, and beside a write with the kinds the
+    other way round, each would wait for the other (a deadlock)."""
+    for key in ("a", "b"):
+        set_limit_sync(conn, key, max_running=5)
+        _enqueue(conn, key, 1)
+    jobs = {j.limit_key: j for j in claim(conn, queue=QUEUE, slots=2, fair=False,
+                                          worker_id="w")}
+    assert set(jobs) == {"a", "b"}
+    batch = [outcomes.Finish(jobs["b"], outcomes.SUCCEEDED, JobState.SUCCEEDED, result="1"),
+             outcomes.Finish(jobs["a"], outcomes.FAILED, JobState.FAILED)]
+    pid = aconn.info.backend_pid
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT 1 FROM akadze.limits WHERE key = 'a' FOR NO KEY UPDATE")
+        writing = asyncio.create_task(write(aconn, batch))
+        try:
+            await eventually(lambda: conn.execute(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                (pid,)).fetchone() == (True,), what="the write to wait for a's row")
+            with psycopg.connect(database_url) as other, other.transaction():
+                assert other.execute(
+                    "SELECT key FROM akadze.limits WHERE key = 'b'"
+                    " FOR NO KEY UPDATE NOWAIT").fetchall() == [("b",)]
+        finally:
+            holder.rollback()
+            accepted = await asyncio.wait_for(writing, 30)
+    assert accepted == {jobs["a"].id, jobs["b"].id}
+    assert _mismatches(conn) == []
+    assert _count(conn, "a") == _count(conn, "b") == 0
 
 
 @pytest.mark.parametrize("flagged", [True, False])

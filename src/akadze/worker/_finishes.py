@@ -115,6 +115,13 @@ async def _execute_give_back(
     return {int(str(row[0])): JobState(row[1]) for row in await cur.fetchall()}
 
 
+async def _lock_keys(conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish]) -> None:
+    """Lock the limits rows of ``batch``'s keys in key order (lock_outcome_keys)."""
+    keys = sorted({f.job.limit_key for f in batch if f.job.limit_key is not None})
+    if keys:
+        await conn.execute(queries.get("lock_outcome_keys"), {"keys": keys})
+
+
 Then = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
 
@@ -140,10 +147,15 @@ async def write(
     given = [f for f in batch if _recorded_give_back(f)]
     plain = [f for f in batch if f.state is JobState.SUCCEEDED]
     other = [f for f in batch if f.state is not JobState.SUCCEEDED and not _recorded_give_back(f)]
+    # More than one statement that changes running jobs in one transaction: their
+    # keys' limits rows are locked first, in one order (lock_outcome_keys).
+    lock_first = sum(1 for part in (plain, other, given) if part) > 1
     if then is not None and not hooks:
         # Sent with the hand-off as one pipeline: the finishes, the hand-off's
         # statements and their rows in one round trip, the COMMIT in another.
         async with conn.pipeline(), conn.transaction():
+            if lock_first:
+                await _lock_keys(conn, batch)
             sent = [await _send_finish(conn, plain, now), await _send_finish(conn, other, now)]
             given_back = set(await _execute_give_back(conn, given, now))
             await then(conn)  # reads its rows: one round trip for all sent so far
@@ -155,6 +167,8 @@ async def write(
     if not hooks and not plain and not other:
         return set(await _execute_give_back(conn, given, now))
     async with conn.transaction():
+        if lock_first:
+            await _lock_keys(conn, batch)
         accepted = await _execute_finish(conn, plain, now)
         accepted |= await _execute_finish(conn, other, now)
         gave_back = await _execute_give_back(conn, given, now)

@@ -112,6 +112,22 @@ WHERE j.id = ANY (%(ids)s::bigint[])
             OR (j.claim_token IS NULL AND f.claim_token IS NULL
                 AND j.run_count = f.run_count))) IS TRUE
 
+-- name: lock_outcome_keys
+-- The limits rows of an outcome write's keys, locked in key order before its
+-- statements, when the write is more than one statement in one transaction
+-- (finish_succeeded, finish_jobs and give_back_jobs for a mixed batch, or hooks).
+-- Each statement's count trigger (migration 0017) locks its own keys in key
+-- order, but two statements lock two sets one after the other: a worker whose
+-- succeeded runs are of key b and failed ones of key a, beside one with the
+-- opposite, would each hold one row and wait for the other's (a deadlock,
+-- broken after deadlock_timeout by failing one write). Taken here in one order,
+-- the triggers find them held. FOR NO KEY UPDATE, the triggers' own mode: an
+-- open transaction that queued a job of a key (FOR KEY SHARE) is not waited for.
+SELECT 1 FROM akadze.limits l
+WHERE l.key = ANY (%(keys)s::text[])
+ORDER BY l.key
+FOR NO KEY UPDATE;
+
 -- name: finish_jobs
 -- Many run outcomes in one statement, one array element per job. Each row is
 -- fenced (run_fence). Rows that fail the fence are simply absent from RETURNING.
