@@ -99,19 +99,25 @@ def _recorded_give_back(finish: Finish) -> bool:
     return finish.kind == GIVEN_BACK and finish.error is not None
 
 
-async def _execute_give_back(
+async def _send_give_back(
     conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish], now: datetime | None
-) -> dict[int, JobState]:
-    """Write recorded give-backs (``give_back_jobs``); the new state of each accepted
-    job (queued, or failed when its give-backs spent its last attempt)."""
+) -> psycopg.AsyncCursor[Any] | None:
+    """Send the statement that writes recorded give-backs (``give_back_jobs``)."""
     if not batch:
-        return {}
-    cur = await conn.execute(queries.get("give_back_jobs"), {
+        return None
+    return await conn.execute(queries.get("give_back_jobs"), {
         **fence_params(batch),
         "errors": [f.error for f in batch],
         "cap": GIVE_BACKS_PER_ATTEMPT,
         "now": now,
     }, prepare=False)
+
+
+async def _given_back(cur: psycopg.AsyncCursor[Any] | None) -> dict[int, JobState]:
+    """The new state of each give-back accepted (queued, or failed when its
+    give-backs spent its last attempt)."""
+    if cur is None:
+        return {}
     return {int(str(row[0])): JobState(row[1]) for row in await cur.fetchall()}
 
 
@@ -122,7 +128,9 @@ async def _lock_keys(conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish]
         await conn.execute(queries.get("lock_outcome_keys"), {"keys": keys})
 
 
-Then = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
+#: Reads what ``then`` sent, once its statements ran (see :func:`write`).
+Reader = Callable[[], Awaitable[None]]
+Then = Callable[[psycopg.AsyncConnection[Any]], Awaitable[Reader]]
 
 
 async def write(
@@ -133,45 +141,55 @@ async def write(
     now: datetime | None = None,
     then: Then | None = None,
 ) -> set[int]:
-    """Write ``batch`` in one statement; return the ids whose fence held (the others
-    were no longer this run's and changed nothing).
+    """Write ``batch``; return the ids whose fence held (the others were no longer
+    this run's and changed nothing).
 
-    With on_transition hooks, the statement and the hooks share one transaction;
+    One statement per kind of finish (succeeded, other, recorded give-back), in one
+    transaction. With on_transition hooks, the statements and the hooks share it;
     each hook runs in a savepoint: a hook that raises is logged and its own writes
     are rolled back, and the change itself still happens (a job must not stay
-    running because a hook fails). ``then`` runs in the same transaction, last (the
-    hand-offs: :mod:`._handoffs`); what it raises rolls the whole write back.
+    running because a hook fails). ``then`` sends more statements in the same
+    transaction, last (the hand-offs: :mod:`._handoffs`), and returns what reads
+    their rows; what they raise rolls the whole write back.
     """
     if not batch:
         return set()
     given = [f for f in batch if _recorded_give_back(f)]
     plain = [f for f in batch if f.state is JobState.SUCCEEDED]
     other = [f for f in batch if f.state is not JobState.SUCCEEDED and not _recorded_give_back(f)]
+    statements = sum(1 for part in (plain, other, given) if part)
     # More than one statement that changes running jobs in one transaction: their
     # keys' limits rows are locked first, in one order (lock_outcome_keys).
-    lock_first = sum(1 for part in (plain, other, given) if part) > 1
-    if then is not None and not hooks:
-        # Sent with the hand-off as one pipeline: the finishes, the hand-off's
-        # statements and their rows in one round trip, the COMMIT in another.
-        async with conn.pipeline(), conn.transaction():
+    lock_first = statements > 1
+    if not hooks and then is None and statements == 1:
+        # One statement in its own (autocommit) transaction.
+        if given:
+            return set(await _given_back(await _send_give_back(conn, given, now)))
+        return await _execute_finish(conn, plain or other, now)
+    if not hooks and conn.autocommit:
+        # One pipeline and one Sync: the statements run as one implicit transaction
+        # that the Sync commits (or that an error rolls back whole), in one round
+        # trip. The limits rows their count triggers lock (migration 0017) are held
+        # only while the server runs them: a COMMIT sent after reading the rows
+        # would hold them over a round trip and the client's turn to read, while
+        # other workers' writes of the same keys wait.
+        async with conn.pipeline():
             if lock_first:
                 await _lock_keys(conn, batch)
             sent = [await _send_finish(conn, plain, now), await _send_finish(conn, other, now)]
-            given_back = set(await _execute_give_back(conn, given, now))
-            await then(conn)  # reads its rows: one round trip for all sent so far
-            accepted = given_back | await _accepted(sent[0]) | await _accepted(sent[1])
+            sent_given = await _send_give_back(conn, given, now)
+            read = None if then is None else await then(conn)
+        accepted = (set(await _given_back(sent_given)) | await _accepted(sent[0])
+                    | await _accepted(sent[1]))
+        if read is not None:
+            await read()
         return accepted
-    if not hooks and not given and not (plain and other):
-        # One kind only: one statement in its own (autocommit) transaction.
-        return await _execute_finish(conn, plain or other, now)
-    if not hooks and not plain and not other:
-        return set(await _execute_give_back(conn, given, now))
     async with conn.transaction():
         if lock_first:
             await _lock_keys(conn, batch)
         accepted = await _execute_finish(conn, plain, now)
         accepted |= await _execute_finish(conn, other, now)
-        gave_back = await _execute_give_back(conn, given, now)
+        gave_back = await _given_back(await _send_give_back(conn, given, now))
         accepted |= set(gave_back)
         for finish in batch:
             if finish.job.id not in accepted:
@@ -192,5 +210,5 @@ async def write(
                         exc, extra={"job_id": finish.job.id}, exc_info=exc,
                     )
         if then is not None:
-            await then(conn)
+            await (await then(conn))()
     return accepted

@@ -28,7 +28,7 @@ import psycopg
 from .. import backoff, outcomes
 from ..jobs import ClaimedJob
 from ._connections import Connections
-from ._finishes import write
+from ._finishes import Reader, write
 from ._handoffs import HandOffs
 from ._refusals import write_splitting
 from ._state import WorkerState
@@ -131,13 +131,21 @@ class OutcomeFlusher:
         try:
             async with self._connections.connection() as conn:
                 async def write_part(part: Sequence[outcomes.Finish]) -> set[int]:
+                    if hand_offs is None or not hand_offs.wanted(part):
+                        return await write(conn, part, hooks=hooks, now=settings.sql_now())
                     taken: list[ClaimedJob] = []
-                    then = None
-                    if hand_offs is not None and hand_offs.wanted(part):
-                        async def then(conn: psycopg.AsyncConnection[Any]) -> None:
-                            taken.extend(await hand_offs.take_in(conn, part))
-                    accepted = await write(conn, part, hooks=hooks, now=settings.sql_now(),
-                                           then=then)
+
+                    async def then(conn: psycopg.AsyncConnection[Any]) -> Reader:
+                        read = await hand_offs.take_in(conn, part)
+
+                        async def reader() -> None:
+                            taken.extend(await read())
+
+                        return reader
+
+                    async with hand_offs.quiet:
+                        accepted = await write(conn, part, hooks=hooks,
+                                               now=settings.sql_now(), then=then)
                     started.extend(taken)  # committed: the write returned
                     return accepted
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -64,9 +64,10 @@ class HandOffs:
         self._suspect = suspect
         #: job id -> (queue, key) of each ended run whose slot is reserved.
         self._reserved: dict[int, tuple[str, str]] = {}
-        #: Held while a hand-off is in flight (and by a claim loop that reconciles:
-        #: the jobs of a hand-off in flight are nowhere in the worker yet). Taken
-        #: after a connection, never before: the pools may be of one connection.
+        #: Held while a hand-off is in flight, from its write's start until its
+        #: jobs are read (and by a claim loop that reconciles: the jobs of a
+        #: hand-off in flight are nowhere in the worker yet). Taken after a
+        #: connection, never before: the pools may be of one connection.
         self.quiet = asyncio.Lock()
         #: Jobs started by hand-offs since the worker started.
         self.started = 0
@@ -107,12 +108,15 @@ class HandOffs:
         return (not (state.stopping or state.fenced)
                 and any(f.job.id in self._reserved for f in part))
 
-    async def take_in(self, conn: psycopg.AsyncConnection[Any],
-                      part: Sequence[Finish]) -> list[ClaimedJob]:
+    async def take_in(self, conn: psycopg.AsyncConnection[Any], part: Sequence[Finish]
+                      ) -> Callable[[], Awaitable[list[ClaimedJob]]]:
         """Inside the transaction that writes ``part`` on ``conn``, after its
-        finishes: start the next jobs of the keys whose runs ended with a reserved
-        slot. What it raises rolls the write back (the flusher retries it, then
-        without hand-offs: the reservations are gone)."""
+        finishes: send the statements that start the next jobs of the keys whose
+        runs ended with a reserved slot; return what reads the jobs they started
+        (and runs their on_transition hooks: then in the transaction still). What
+        they raise rolls the write back (the flusher retries it, then without
+        hand-offs: the reservations are gone). The caller holds :attr:`quiet`
+        from before this until the jobs are read."""
         held = self.reserved_in(part)
         # One queue per key (room is counted per key, over every queue).
         asked: dict[str, tuple[str, int]] = {}
@@ -133,15 +137,18 @@ class HandOffs:
             "tasks": list(settings.task_names),
             "excluded": Jsonb(sorted(excluded)),
         }
-        async with self.quiet:
-            await conn.execute(queries.get("hand_off_lock"), {"keys": keys})
-            cur = await conn.cursor(row_factory=job_rows).execute(
-                queries.get("hand_off_take"), params)
+        await conn.execute(queries.get("hand_off_lock"), {"keys": keys})
+        cur = await conn.cursor(row_factory=job_rows).execute(
+            queries.get("hand_off_take"), params)
+
+        async def read() -> list[ClaimedJob]:
             jobs = await cur.fetchall()
             hooks = settings.app.on_transition_hooks
             for job in jobs:
                 await call_transition_hooks(hooks, conn, job, "queued", "running")
-        return jobs
+            return jobs
+
+        return read
 
     def settle(self, batch: Sequence[Finish], started: list[ClaimedJob], *,
                failed: bool) -> None:
