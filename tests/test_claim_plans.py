@@ -17,7 +17,9 @@ their generic or custom plans, and each plan is checked:
 
 "Stale" is each of: analyzed while empty, then the burst; analyzed at 1 % of the
 burst; analyzed full, then most of the queue finished (a mass completion: the
-statistics describe a queue that is gone, and the table is mostly dead).
+statistics describe a queue that is gone, and the table is mostly dead); analyzed
+once a drain ended (as autovacuum does: every job finished, none running), then
+the next burst.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
-from akadze import Akadze, outcomes
+from akadze import Akadze, outcomes, queries
 from akadze.bench import claim_scenarios as cs
 from akadze.bench import queries as bench_queries
 from akadze.claim import claim
@@ -126,6 +129,17 @@ def _make_stale(conn: Conn, stale: str, scenario: cs.Scenario) -> None:
     elif stale == "small":
         cs.build(conn, scenario, READY // 100)  # analyzed at 200 jobs
         _burst_again(conn, scenario)
+    elif stale == "drained":
+        # Analyzed (as autovacuum does) once a drain ended: nothing queued, nothing
+        # running; then the next burst, and runs again.
+        cs.build(conn, scenario, READY)
+        conn.execute("UPDATE akadze.jobs SET state = 'succeeded', finished_at = now()")
+        conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
+        _burst_again(conn, scenario)
+        for run in scenario.running:
+            conn.execute(bench_queries.get("bench_insert_running"), {
+                "queue": cs.QUEUE, "prefix": run.prefix, "keys": run.keys,
+                "per_key": run.per_key, "base": datetime(2026, 1, 2, tzinfo=UTC)})
     else:
         cs.build(conn, scenario, READY * 2)  # analyzed with every job queued
         # A mass completion: the first half of the queue (in queue order) ends.
@@ -200,7 +214,7 @@ SOME_ROOM = cs.Scenario(
     running=(cs.Running("b", 1000),), limited=(cs.Limited("b", 1020),))
 
 CASES = [(scenario, "empty") for scenario in (*cs.SCENARIOS, SOME_ROOM)] + [
-    (scenario, stale) for scenario in cs.SCENARIOS for stale in ("small", "finished")
+    (scenario, stale) for scenario in cs.SCENARIOS for stale in ("small", "finished", "drained")
     if scenario.name in ("at-limit-then-free", "busy-groups", "half-one-key")]
 
 
@@ -233,32 +247,37 @@ def test_claim_plans_on_stale_statistics(
         _check(plans, [min(READY / 2, 1.25 * reads(p) + 64) for p in good])
 
 
-@pytest.mark.parametrize("stale", ("empty", "finished"))
+def _running_elsewhere(conn: Conn) -> None:
+    """Many running jobs of live workers (what rescue and the counts of a key's
+    running jobs must not read), and some of a worker whose lease expired (what
+    rescue must take back)."""
+    conn.execute("""
+        INSERT INTO akadze.workers (id, host, pid, queues, lease, started_at,
+                                    heartbeat_at)
+        SELECT 'live' || w, 'h', w, '{bench}'::text[], interval '1 hour', now(), now()
+        FROM generate_series(0, 9) w
+        UNION ALL
+        SELECT 'bench-busy', 'h', 98, '{bench}', interval '1 hour', now(), now()
+        UNION ALL
+        SELECT 'dead', 'h', 99, '{bench}', interval '1 second',
+               now() - interval '1 hour', now() - interval '1 hour'""")
+    conn.execute("""
+        INSERT INTO akadze.jobs (queue, task, state, run_count, attempt, worker_id,
+                                 started_at, run_at)
+        SELECT 'bench', 'bench', 'running', 1, 1,
+               CASE WHEN g <= 30 THEN 'dead' ELSE 'live' || (g % 10) END,
+               now(), now()
+        FROM generate_series(1, 3000) g""")
+
+
+@pytest.mark.parametrize("stale", ("empty", "finished", "drained"))
 async def test_outcome_and_rescue_plans_on_stale_statistics(
     database_url: str, stale: str
 ) -> None:
     scenario = next(s for s in cs.SCENARIOS if s.name == "at-limit-then-free")
     with psycopg.connect(database_url, autocommit=True) as conn:
         _make_stale(conn, stale, scenario)
-        # Many running jobs of live workers (what rescue must not read), and
-        # some of a worker whose lease expired (what it must take back).
-        conn.execute("""
-            INSERT INTO akadze.workers (id, host, pid, queues, lease, started_at,
-                                        heartbeat_at)
-            SELECT 'live' || w, 'h', w, '{bench}'::text[], interval '1 hour', now(), now()
-            FROM generate_series(0, 9) w
-            UNION ALL
-            SELECT 'bench-busy', 'h', 98, '{bench}', interval '1 hour', now(), now()
-            UNION ALL
-            SELECT 'dead', 'h', 99, '{bench}', interval '1 second',
-                   now() - interval '1 hour', now() - interval '1 hour'""")
-        conn.execute("""
-            INSERT INTO akadze.jobs (queue, task, state, run_count, attempt, worker_id,
-                                     started_at, run_at)
-            SELECT 'bench', 'bench', 'running', 1, 1,
-                   CASE WHEN g <= 30 THEN 'dead' ELSE 'live' || (g % 10) END,
-                   now(), now()
-            FROM generate_series(1, 3000) g""")
+        _running_elsewhere(conn)
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as aconn:
         for statement in AUTO_EXPLAIN:
             await aconn.execute(statement)
@@ -285,6 +304,49 @@ async def test_outcome_and_rescue_plans_on_stale_statistics(
         # 4 000 running jobs: the rescue reads a probe per worker (12) and the
         # dead worker's 30 jobs three times (found, locked, updated)
         _check(plans, [4 * 30 + 40] * len(plans), bitmap_pkey=True)
+
+
+@pytest.mark.parametrize("stale", ("empty", "finished", "drained"))
+async def test_hand_off_plans_on_stale_statistics(database_url: str, stale: str) -> None:
+    """A hand-off (hand_off_lock and hand_off_take, in the transaction that ends
+    runs of the keys) reads each key's running jobs through the key's own entries
+    and the head of the queue, never every running job of the cluster per key: 20
+    keys handed off among 4 000 running jobs."""
+    scenario = next(s for s in cs.SCENARIOS if s.name == "at-limit-then-free")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        _make_stale(conn, stale, scenario)
+        _running_elsewhere(conn)
+        ended = conn.execute(
+            "SELECT id, limit_key FROM akadze.jobs WHERE state = 'running'"
+            " AND limit_key LIKE 'b%%' ORDER BY limit_key LIMIT 20").fetchall()
+        keys = sorted(str(key) for _, key in ended)
+        assert len(keys) == 20
+        row = conn.execute(
+            "SELECT count(DISTINCT limit_key) FROM akadze.jobs WHERE state = 'queued'"
+            " AND limit_key = ANY (%s)", (keys,)).fetchone()
+        ready = int(row[0]) if row else 0
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as aconn:
+        for statement in AUTO_EXPLAIN:
+            await aconn.execute(statement)
+        async with aconn.transaction():
+            await aconn.execute(
+                "UPDATE akadze.jobs SET state = 'succeeded', finished_at = now()"
+                " WHERE id = ANY (%s)", ([int(i) for i, _ in ended],))
+            with explained(aconn) as plans:
+                await aconn.execute(queries.get("hand_off_lock"), {"keys": keys})
+                cur = await aconn.execute(queries.get("hand_off_take"), {
+                    "queues": [cs.QUEUE] * len(keys), "keys": keys, "slots": [1] * len(keys),
+                    "now": None, "worker_id": "live0", "tasks": None,
+                    "excluded": Jsonb(keys)})
+                started = await cur.fetchall()
+    # each key had room again: the hand-off started the next job of those with one
+    # (after a mass completion of the queue's first half, none has)
+    assert len(started) == ready
+    assert ready == (0 if stale == "finished" else len(keys))
+    assert len(plans) == 2
+    # the look at the head of the queue (at most 64 + 1 024 entries) and, per key,
+    # a few entries of its own: its ready jobs, its running jobs (none or one)
+    _check(plans, [64 + 1024 + 40 * len(keys)] * len(plans), bitmap_pkey=True)
 
 
 def _debug(plan: Plan) -> str:
