@@ -11,7 +11,9 @@ a key's room is used, not how often the worker polls:
   (50) of ``--key-seconds`` (50 ms) each, interleaved, run by ``--processes`` (2)
   worker processes with ``--slots`` (200) slots each. Reported: each key's use of
   its limit (the time its functions ran over 2 x its span from first start to last
-  end), the mean and the lowest over the keys.
+  end), the mean and the lowest over the keys. Before each burst the jobs table gets
+  the statistics autovacuum leaves between two bursts, taken once a drain ended
+  (``--no-drained-stats``: those of the scratch table as they are).
 - ``start rate``: ``--rate-jobs`` (60) no-op jobs on one key with ``max_starts =
   10`` per second, one worker with 20 slots. Reported: starts per second from the
   first start to the last (10 is the most the limit allows).
@@ -94,12 +96,21 @@ class KeysUse:
 
 
 def many_keys(url: str, keys: int, per_key: int, seconds: float, processes: int,
-              slots: int, poll: float, hand_off: bool = True) -> KeysUse:
+              slots: int, poll: float, hand_off: bool = True,
+              drained: bool = True) -> KeysUse:
     _reset(url)
+    total = keys * per_key
     with connect(url) as conn:
         for number in range(keys):
             set_limit_sync(conn, f"k{number}", max_running=2)
-    total = keys * per_key
+        if drained:
+            # The statistics autovacuum leaves between two bursts: taken once the
+            # last drain ended (every job finished, none running).
+            conn.execute(queries.get("limits_busy_drained"), {
+                "task": TASK, "count": total, "keys": keys, "prefix": "k",
+                "seconds": seconds})
+            conn.execute(queries.get("limits_busy_analyze"))
+            conn.execute(queries.get("limits_busy_prune"))
     spawn = multiprocessing.get_context("spawn")
     cpu = spawn.Queue()
     workers = [spawn.Process(target=child, args=(url, slots, poll, total, hand_off, cpu))
@@ -222,11 +233,15 @@ def write_report(path: Path, host: dict[str, str], rows: list[tuple[str, ...]],
               help="Write a Markdown report here.")
 @click.option("--hand-off/--no-hand-off", default=True, show_default=True,
               help="Whether the workers hand a limited key's freed slot to its next job.")
+@click.option("--drained-stats/--no-drained-stats", default=True, show_default=True,
+              help="Many keys: give the jobs table, before each burst, the statistics "
+                   "autovacuum takes once a drain has ended (every job finished, none "
+                   "running); --no-drained-stats leaves the scratch table's as they are.")
 @database_url_option
 def command(runs: int, jobs: int, seconds: float, keys: int, per_key: int,
             key_seconds: float, processes: int, slots: int, rate_jobs: int, poll: float,
             only: tuple[str, ...], report: Path | None, hand_off: bool,
-            database_url: str | None) -> None:
+            drained_stats: bool, database_url: str | None) -> None:
     """Whether a key at its limit uses its room as soon as it has some."""
     url = resolve(database_url)
     chosen = set(only or ("one-key", "many-keys", "start-rate"))
@@ -244,7 +259,7 @@ def command(runs: int, jobs: int, seconds: float, keys: int, per_key: int,
                          ", ".join(f"{d:.2f}" for d in drains)))
         if "many-keys" in chosen:
             uses = [many_keys(scratch, keys, per_key, key_seconds, processes, slots, poll,
-                              hand_off) for _ in range(runs)]
+                              hand_off, drained_stats) for _ in range(runs)]
             for use in uses:
                 click.echo(f"many keys: mean use {use.mean:.1%}, lowest {use.lowest:.1%}, "
                            f"{use.keys} keys, drained in {use.seconds:.2f} s; "
@@ -252,7 +267,8 @@ def command(runs: int, jobs: int, seconds: float, keys: int, per_key: int,
             notes.extend(f"- many keys, run {number}: {use.per_job()}."
                          for number, use in enumerate(uses, 1))
             rows.append((f"many keys: {keys} keys x {per_key} jobs of {key_seconds:g} s, "
-                         f"max_running 2, {processes} processes x {slots} slots",
+                         f"max_running 2, {processes} processes x {slots} slots"
+                         + (", statistics of a drained table" if drained_stats else ""),
                          f"{_median([u.mean for u in uses]):.1%} mean use "
                          f"(lowest key {_median([u.lowest for u in uses]):.1%})",
                          ">= 90%",

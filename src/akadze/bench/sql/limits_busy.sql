@@ -12,6 +12,25 @@ SELECT 'default', %(task)s, jsonb_build_object('seconds', %(seconds)s::float8),
        %(prefix)s || (i %% %(keys)s)::text, true
 FROM generate_series(0, %(count)s - 1) AS i
 
+-- name: limits_busy_drained
+-- Many keys, --drained-stats: a drain that has ended, for the statistics a
+-- queue's table has between two bursts (autovacuum analyzes it after the
+-- drain): %(count)s jobs of the keys, every one succeeded, none queued or
+-- running. The run analyzes the table, deletes them (as pruning would) and
+-- then enqueues its burst, with no ANALYZE after it.
+INSERT INTO akadze.jobs (queue, task, args, limit_key, limited, state, attempt,
+                         run_count, worker_id, started_at, finished_at, result)
+SELECT 'default', %(task)s, jsonb_build_object('seconds', %(seconds)s::float8),
+       %(prefix)s || (i %% %(keys)s)::text, true, 'succeeded', 1, 1,
+       'drained-' || (i %% 2)::text, now(), now(), '{}'::jsonb
+FROM generate_series(0, %(count)s - 1) AS i
+
+-- name: limits_busy_analyze
+ANALYZE akadze.jobs
+
+-- name: limits_busy_prune
+DELETE FROM akadze.jobs
+
 -- name: limits_busy_done
 SELECT count(*) FILTER (WHERE state = 'succeeded'), count(*) FROM akadze.jobs
 
