@@ -213,8 +213,9 @@ SOME_ROOM = cs.Scenario(
     lambda n: (cs.Segment(0.2, keys=1020, prefix="b"), cs.Segment(0.8, keys=8000, prefix="f")),
     running=(cs.Running("b", 1000),), limited=(cs.Limited("b", 1020),))
 
-CASES = [(scenario, "empty") for scenario in (*cs.SCENARIOS, SOME_ROOM)] + [
-    (scenario, stale) for scenario in cs.SCENARIOS for stale in ("small", "finished", "drained")
+CASES = [(scenario, stale) for scenario in (*cs.SCENARIOS, SOME_ROOM)
+         for stale in ("empty", "drained")] + [
+    (scenario, stale) for scenario in cs.SCENARIOS for stale in ("small", "finished")
     if scenario.name in ("at-limit-then-free", "busy-groups", "half-one-key")]
 
 
