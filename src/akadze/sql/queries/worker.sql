@@ -114,9 +114,10 @@ WHERE j.id = ANY (%(ids)s::bigint[])
 
 -- name: lock_outcome_keys
 -- The limits rows of an outcome write's keys, locked in key order before its
--- statements, when the write is more than one statement in one transaction
--- (finish_succeeded, finish_jobs and give_back_jobs for a mixed batch, or hooks).
--- Each statement's count trigger (migration 0017) locks its own keys in key
+-- statements, when the write is more than one of them in one transaction
+-- (finish_succeeded, finish_jobs and give_back_jobs for a mixed batch: see
+-- akadze.worker._finishes.write). The same lock as the count trigger's own
+-- (migration 0017), which locks each statement's keys in key
 -- order, but two statements lock two sets one after the other: a worker whose
 -- succeeded runs are of key b and failed ones of key a, beside one with the
 -- opposite, would each hold one row and wait for the other's (a deadlock,
