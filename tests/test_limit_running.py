@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from worker_support import eventually
 
-from akadze import outcomes
+from akadze import outcomes, queries
 from akadze.claim import claim
 from akadze.jobs import JobState
 from akadze.limits import clear_limit_sync, set_limit_sync
@@ -65,6 +65,16 @@ def _enqueue(conn: Conn, key: str | None, n: int) -> None:
         " FROM generate_series(1, %s)", (QUEUE, key, key, n))
 
 
+def _start(conn: Conn, n: int) -> None:
+    """What a hand-off's take does to the rows: start n queued jobs, flagged when
+    their key has a limits row (the run_start fragment)."""
+    conn.execute(
+        "UPDATE akadze.jobs j SET state = 'running', started_at = now(),"
+        " limited = EXISTS (SELECT 1 FROM akadze.limits l WHERE l.key = j.limit_key)"
+        " WHERE id IN (SELECT id FROM akadze.jobs WHERE state = 'queued'"
+        " ORDER BY id LIMIT %s)", (n,))
+
+
 def _end(conn: Conn, state: str, n: int) -> None:
     """What outcome writes do: end (or requeue) n running jobs in one statement."""
     conn.execute(
@@ -90,6 +100,12 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("insert_running"), st.sampled_from(KEYS), st.booleans()),
     st.tuples(st.just("rekey"), st.sampled_from(KEYS)),
     st.tuples(st.just("truncate"),),
+    # A hand-off's write: runs end, then jobs start, in one transaction whose
+    # count changes are kept and applied at its end (migration 0021).
+    st.tuples(st.just("deferred"), st.lists(st.one_of(
+        st.tuples(st.just("end"), st.sampled_from(("succeeded", "failed", "queued")),
+                  st.integers(1, 3)),
+        st.tuples(st.just("start"), st.integers(1, 3))), min_size=1, max_size=4)),
 ), min_size=8, max_size=30)
 
 
@@ -123,6 +139,15 @@ def test_the_count_follows_every_change_of_a_running_job(conn: Conn, ops: list[A
                          " started_at) VALUES (%s, 't', 'running', %s, %s AND EXISTS ("
                          "SELECT 1 FROM akadze.limits WHERE key = %s), now())",
                          (QUEUE, op[1], op[2], op[1]))
+        elif kind == "deferred":
+            with conn.transaction():
+                conn.execute(queries.get("defer_running"))
+                for step in op[1]:
+                    if step[0] == "end":
+                        _end(conn, step[1], step[2])
+                    else:
+                        _start(conn, step[1])
+                conn.execute(queries.get("apply_running"))
         elif kind == "rekey":
             # A limits row renamed by hand: it counted the old key's jobs.
             conn.execute("UPDATE akadze.limits SET key = %s WHERE key = %s",
@@ -266,6 +291,82 @@ async def test_a_mixed_outcome_write_locks_its_keys_in_key_order(
     assert accepted == {jobs["a"].id, jobs["b"].id}
     assert _mismatches(conn) == []
     assert _count(conn, "a") == _count(conn, "b") == 0
+
+
+def _version(conn: Conn, key: str) -> str:
+    """The transaction that wrote the current version of ``key``'s limits row."""
+    row = conn.execute("SELECT xmin::text FROM akadze.limits WHERE key = %s",
+                       (key,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def test_a_hand_off_write_changes_each_count_once_by_its_net(
+    conn: Conn, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    """An outcome write that hands slots off (``then``: the next jobs start in the
+    same transaction) writes each key's count once, by the net change: a key
+    whose run ended and whose next job started there keeps its limits row as it
+    was (no new version), a key whose run ended without a next one is counted
+    down, and every count is exact after the commit."""
+    for key in ("a", "b"):
+        set_limit_sync(conn, key, max_running=1)
+        _enqueue(conn, key, 2)
+    jobs = {j.limit_key: j for j in claim(conn, queue=QUEUE, slots=4, fair=False,
+                                          worker_id="w")}
+    assert set(jobs) == {"a", "b"}
+    assert (_count(conn, "a"), _count(conn, "b")) == (1, 1)
+    before = _version(conn, "a")
+
+    async def then(c: psycopg.AsyncConnection[Any]) -> Any:
+        # the hand-off of a's slot: a's next job starts in the same transaction
+        cur = await c.execute(
+            "UPDATE akadze.jobs SET state = 'running', started_at = now(), worker_id = 'w'"
+            " WHERE id = (SELECT id FROM akadze.jobs WHERE state = 'queued'"
+            " AND limit_key = 'a' ORDER BY id LIMIT 1) RETURNING id")
+
+        async def read() -> None:
+            assert len(await cur.fetchall()) == 1
+
+        return read
+
+    batch = [outcomes.Finish(jobs[key], outcomes.SUCCEEDED, JobState.SUCCEEDED, result="1")
+             for key in ("a", "b")]
+    assert await write(aconn, batch, then=then) == {jobs["a"].id, jobs["b"].id}
+    assert _mismatches(conn) == []
+    assert (_count(conn, "a"), _count(conn, "b")) == (1, 0)
+    assert _version(conn, "a") == before, "a's count was written though it did not change"
+    # the deferral ended with the write: the next statement counts at once
+    _end(conn, "succeeded", 1)
+    assert _count(conn, "a") == 0
+    assert _mismatches(conn) == []
+
+
+async def test_a_hand_off_write_that_fails_midway_commits_nothing(
+    conn: Conn, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    """What raises in the client between a write's statements (a cancellation, an
+    error of ours) rolls the whole write back: leaving a pipeline sends its Sync
+    anyway, and an implicit transaction would commit the finishes sent so far,
+    with their count changes kept and never applied. The connection is left idle."""
+    set_limit_sync(conn, "a", max_running=1)
+    _enqueue(conn, "a", 2)
+    [job] = claim(conn, queue=QUEUE, slots=1, fair=False, worker_id="w")
+
+    async def then(c: psycopg.AsyncConnection[Any]) -> Any:
+        await c.execute("UPDATE akadze.jobs SET state = 'running' WHERE state = 'queued'")
+        raise RuntimeError("between two statements")
+
+    batch = [outcomes.Finish(job, outcomes.SUCCEEDED, JobState.SUCCEEDED, result="1")]
+    with pytest.raises(RuntimeError, match="between two statements"):
+        await write(aconn, batch, then=then)
+    assert aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    states = conn.execute("SELECT state::text FROM akadze.jobs ORDER BY id").fetchall()
+    assert states == [("running",), ("queued",)]
+    assert _mismatches(conn) == [] and _count(conn, "a") == 1
+    # the connection still writes
+    assert await write(aconn, batch) == {job.id}
+    assert _count(conn, "a") == 0
 
 
 @pytest.mark.parametrize("flagged", [True, False])

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from .. import queries
 from ..hooks import call_transition_hooks
@@ -128,6 +129,21 @@ async def _lock_keys(conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish]
         await conn.execute(queries.get("lock_outcome_keys"), {"keys": keys})
 
 
+_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_COMMIT = "COMMIT"
+
+
+async def _roll_back(conn: psycopg.AsyncConnection[Any]) -> None:
+    """End the write's transaction block if a failure left it open (the
+    connection goes back to its pool idle, or closed if it cannot)."""
+    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        await conn.rollback()
+    except psycopg.Error:
+        await conn.close()
+
+
 #: Reads what ``then`` sent, once its statements ran (see :func:`write`).
 Reader = Callable[[], Awaitable[None]]
 Then = Callable[[psycopg.AsyncConnection[Any]], Awaitable[Reader]]
@@ -167,18 +183,39 @@ async def write(
             return set(await _given_back(await _send_give_back(conn, given, now)))
         return await _execute_finish(conn, plain or other, now)
     if not hooks and conn.autocommit:
-        # One pipeline and one Sync: the statements run as one implicit transaction
-        # that the Sync commits (or that an error rolls back whole), in one round
-        # trip. The limits rows their count triggers lock (migration 0017) are held
-        # only while the server runs them: a COMMIT sent after reading the rows
-        # would hold them over a round trip and the client's turn to read, while
-        # other workers' writes of the same keys wait.
-        async with conn.pipeline():
-            if lock_first:
-                await _lock_keys(conn, batch)
-            sent = [await _send_finish(conn, plain, now), await _send_finish(conn, other, now)]
-            sent_given = await _send_give_back(conn, given, now)
-            read = None if then is None else await then(conn)
+        # One pipeline and one Sync: the statements run in one transaction, in one
+        # round trip. The limits rows their count triggers lock (migration 0017)
+        # are held only while the server runs them: a COMMIT sent after reading
+        # the rows would hold them over a round trip and the client's turn to
+        # read, while other workers' writes of the same keys wait. An explicit
+        # BEGIN and COMMIT, not the Sync's implicit transaction: leaving the
+        # pipeline sends the Sync even when the block raised (a cancellation, an
+        # error of ours between two statements), which would commit what was
+        # sent so far; without the COMMIT it ends in an open block, rolled back
+        # here. A statement's error rolls back the whole write in either case.
+        #
+        # A write that hands slots off (``then``) ends runs of keys and starts the
+        # same keys' next jobs: the count triggers keep the changes to the keys'
+        # running counts and the last statement writes each key's net change,
+        # instead of writing each key's limits row twice (migration 0021).
+        try:
+            async with conn.pipeline():
+                await conn.execute(_BEGIN, prepare=False)
+                if then is not None:
+                    await conn.execute(queries.get("defer_running"), prepare=True)
+                if lock_first:
+                    await _lock_keys(conn, batch)
+                sent = [await _send_finish(conn, plain, now),
+                        await _send_finish(conn, other, now)]
+                sent_given = await _send_give_back(conn, given, now)
+                read = None
+                if then is not None:
+                    read = await then(conn)
+                    await conn.execute(queries.get("apply_running"), prepare=True)
+                await conn.execute(_COMMIT, prepare=False)
+        except BaseException:
+            await _roll_back(conn)
+            raise
         accepted = (set(await _given_back(sent_given)) | await _accepted(sent[0])
                     | await _accepted(sent[1]))
         if read is not None:

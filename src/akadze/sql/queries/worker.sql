@@ -129,6 +129,19 @@ WHERE l.key = ANY (%(keys)s::text[])
 ORDER BY l.key
 FOR NO KEY UPDATE;
 
+-- name: defer_running
+-- First statement of an outcome write that hands slots off (its finishes, then
+-- hand_off_lock and hand_off_take, one transaction): until apply_running, the
+-- count triggers keep each key's change to its running count instead of
+-- writing it (migration 0021). A key handed off in the write ends one run and
+-- starts one: its limits row is not written at all, where it was written twice.
+SELECT set_config('akadze.running_deferred', 'on', true)
+
+-- name: apply_running
+-- Last statement of that write: the kept changes, summed per key, written to
+-- the keys' limits rows where the sum is not 0 (rows the write locked already).
+SELECT akadze.apply_running()
+
 -- name: finish_jobs
 -- Many run outcomes in one statement, one array element per job. Each row is
 -- fenced (run_fence). Rows that fail the fence are simply absent from RETURNING.
