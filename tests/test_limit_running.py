@@ -256,6 +256,18 @@ def test_finishes_and_claims_of_the_same_keys_never_deadlock(database_url: str) 
         assert _mismatches(check) == []
 
 
+def _one_run_each(conn: Conn, *, max_running: int, queued: int) -> dict[str | None, Any]:
+    """Keys a and b with ``max_running``, ``queued`` jobs each, and one run of each
+    started by a claim: the runs by key."""
+    for key in ("a", "b"):
+        set_limit_sync(conn, key, max_running=max_running)
+        _enqueue(conn, key, queued)
+    jobs = {j.limit_key: j for j in claim(conn, queue=QUEUE, slots=2, fair=False,
+                                          worker_id="w")}
+    assert set(jobs) == {"a", "b"}
+    return jobs
+
+
 async def test_a_mixed_outcome_write_locks_its_keys_in_key_order(
     database_url: str, conn: Conn, aconn: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -265,12 +277,7 @@ async def test_a_mixed_outcome_write_locks_its_keys_in_key_order(
     for it holding nothing: b's row stays free. Statement by statement, it would
     hold b's row while it waits for a's, and beside a write with the kinds the
     other way round, each would wait for the other (a deadlock)."""
-    for key in ("a", "b"):
-        set_limit_sync(conn, key, max_running=5)
-        _enqueue(conn, key, 1)
-    jobs = {j.limit_key: j for j in claim(conn, queue=QUEUE, slots=2, fair=False,
-                                          worker_id="w")}
-    assert set(jobs) == {"a", "b"}
+    jobs = _one_run_each(conn, max_running=5, queued=1)
     batch = [outcomes.Finish(jobs["b"], outcomes.SUCCEEDED, JobState.SUCCEEDED, result="1"),
              outcomes.Finish(jobs["a"], outcomes.FAILED, JobState.FAILED)]
     pid = aconn.info.backend_pid
@@ -309,12 +316,7 @@ async def test_a_hand_off_write_changes_each_count_once_by_its_net(
     whose run ended and whose next job started there keeps its limits row as it
     was (no new version), a key whose run ended without a next one is counted
     down, and every count is exact after the commit."""
-    for key in ("a", "b"):
-        set_limit_sync(conn, key, max_running=1)
-        _enqueue(conn, key, 2)
-    jobs = {j.limit_key: j for j in claim(conn, queue=QUEUE, slots=4, fair=False,
-                                          worker_id="w")}
-    assert set(jobs) == {"a", "b"}
+    jobs = _one_run_each(conn, max_running=1, queued=2)
     assert (_count(conn, "a"), _count(conn, "b")) == (1, 1)
     before = _version(conn, "a")
 
