@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from akadze.bench.claim_scenarios import SCENARIOS, build, stale_tables
 from akadze.cli import main
 
 
@@ -103,6 +104,39 @@ def test_bench_stale_stats_side_by_side(server_url: str, tmp_path: Path) -> None
     assert len(rows) == 2  # fair and default
     assert all(line.rstrip().endswith("| 20 | yes |") for line in rows), rows
     assert not _bench_databases(server_url) - before  # its scratch databases dropped
+
+
+def test_bench_drained_stats_side_by_side(server_url: str, tmp_path: Path) -> None:
+    """--drained-stats: the stale statistics are a drained table's, and every stale
+    claim still returns what the full ranking returns."""
+    report = tmp_path / "claims.md"
+    code = main([
+        "bench", "claims", "--database-url", server_url, "--jobs", "500", "--repeat", "1",
+        "--scenario", "busy-groups", "--skip-load", "--stale-stats", "--drained-stats",
+        "--report", str(report),
+    ])
+    assert code == 0
+    part = report.read_text().split("## Fresh and stale statistics", 1)[1]
+    assert "analyzed once a drain had ended" in part
+    rows = [line for line in part.splitlines() if line.startswith("| 200 of 400")]
+    assert len(rows) == 1
+    assert rows[0].rstrip().endswith("| 20 | yes |"), rows
+
+
+def test_drained_statistics_describe_a_finished_drain(
+        conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """What the drained build leaves: the statistics were taken when every job of
+    the scenario had finished, and the burst of the same jobs came after."""
+    scenario = next(s for s in SCENARIOS if s.name == "at-limit-then-free")
+    stale_tables(conn)
+    build(conn, scenario, 500, stale=True, drained=True)
+    states = {str(state): int(str(n)) for state, n in conn.execute(
+        "SELECT state::text, count(*) FROM akadze.jobs GROUP BY 1").fetchall()}
+    assert states["queued"] == 500 and states["running"] > 0
+    assert states["succeeded"] == states["queued"] + states["running"]
+    assert conn.execute(
+        "SELECT most_common_vals::text FROM pg_stats WHERE schemaname = 'akadze'"
+        " AND tablename = 'jobs' AND attname = 'state'").fetchone() == ("{succeeded}",)
 
 
 def test_bench_stale_stats_refuses_in_place(

@@ -181,15 +181,19 @@ def _commit_words(durable: bool) -> str:
             "`durable_claims=False`)")
 
 
-def _stale_part(pairs: Sequence[tuple[Timing, Timing]]) -> list[str]:
+def _stale_part(pairs: Sequence[tuple[Timing, Timing]], drained: bool = False) -> list[str]:
     if not pairs:
         return []
+    taken = ("analyzed once a drain had ended (the scenario built, every job of it "
+             "finished, the tables analyzed, autovacuum then kept off them), then the "
+             "same jobs inserted again (the finished ones stay)" if drained else
+             "analyzed while empty (autovacuum kept off them), then the jobs inserted")
     return [
         "",
         "## Fresh and stale statistics",
         "",
-        "Each scenario is built in a database of its own, its tables analyzed while "
-        "empty (autovacuum kept off them), then the jobs inserted with no ANALYZE: "
+        f"Each scenario is built in a database of its own, its tables {taken}, with "
+        "no ANALYZE after: "
         "*stale* is the windowed claim then, on a new connection, so that its "
         "generic plans are made on those statistics. Then the same tables are "
         "vacuumed and analyzed: *fresh* is the same claim on them (the full table "
@@ -203,7 +207,8 @@ def _stale_part(pairs: Sequence[tuple[Timing, Timing]]) -> list[str]:
 def write_report(path: Path, host: dict[str, str], repeat: int,
                  timings: Sequence[Timing], loads: Sequence[LoadResult],
                  durable: bool = False,
-                 stale: Sequence[tuple[Timing, Timing]] = ()) -> None:
+                 stale: Sequence[tuple[Timing, Timing]] = (),
+                 drained: bool = False) -> None:
     parts = [
         "# Claim speed (`akadze bench claims`)",
         "",
@@ -224,7 +229,7 @@ def write_report(path: Path, host: dict[str, str], repeat: int,
         "sees.",
         "",
         _md_table(SPEED_COLUMNS, speed_rows(timings)),
-        *_stale_part(stale),
+        *_stale_part(stale, drained),
         "",
         "Scenarios (N = ready jobs; queue order = run_at order unless said):",
         "",
@@ -261,16 +266,19 @@ def write_report(path: Path, host: dict[str, str], repeat: int,
 
 
 def _fresh_and_stale(url: str, scenario: Scenario, jobs: int, repeat: int,
-                     oracle_budget: float, durable: bool) -> list[tuple[Timing, Timing]]:
+                     oracle_budget: float, durable: bool,
+                     drained: bool = False) -> list[tuple[Timing, Timing]]:
     """``scenario`` in a scratch database of its own: timed on stale statistics
-    (analyzed while empty, then filled), then on the same tables analyzed."""
+    (analyzed while empty, or once a drain had ended with ``drained``, then
+    filled), then on the same tables analyzed."""
     pairs: list[tuple[Timing, Timing]] = []
     with scratch_database(url, False) as scratch:
         with connect(scratch) as conn:
             stale_tables(conn)
             started = time.monotonic()
-            build(conn, scenario, jobs, stale=True)
-            click.echo(f"built {scenario.name} ({jobs} jobs, stale statistics) in "
+            build(conn, scenario, jobs, stale=True, drained=drained)
+            kind = "drained" if drained else "stale"
+            click.echo(f"built {scenario.name} ({jobs} jobs, {kind} statistics) in "
                        f"{time.monotonic() - started:.1f} s", err=True)
         # A new connection: its generic plans are made on the stale statistics.
         # No full ranking here: its one statement on such statistics can take
@@ -278,7 +286,7 @@ def _fresh_and_stale(url: str, scenario: Scenario, jobs: int, repeat: int,
         with connect(scratch) as conn:
             if not durable:
                 conn.execute("SET synchronous_commit = off")
-            stale = [measure(conn, scenario, order, jobs, repeat, 0.0)
+            stale = [measure(conn, scenario, order, jobs, repeat, 0.0, plain=False)
                      for order in scenario.orders]
             conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
         with connect(scratch) as conn:
@@ -326,6 +334,10 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) ->
               help="Also time every cell on tables analyzed while empty, then filled "
               "with no ANALYZE (a burst into a quiet queue), beside the same tables "
               "analyzed; each scenario gets a scratch database of its own.")
+@click.option("--drained-stats", is_flag=True,
+              help="With --stale-stats: the stale statistics are those autovacuum takes "
+              "once a drain has ended (the scenario built, every job finished, the "
+              "tables analyzed), then the burst again, instead of those of empty tables.")
 @click.option("--pgbouncer", is_flag=True,
               help="The load test's claimers go through a PgBouncer in transaction mode "
               "(no prepared statements), started by the bench on a private port.")
@@ -333,13 +345,16 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str) ->
 def command(sizes: tuple[int, ...], repeat: int, names: tuple[str, ...], oracle_budget: float,
             skip_load: bool, load_jobs: int,
             load_seconds: float, claimers: int, report: Path | None, durable: bool,
-            in_place: bool, stale_stats: bool, pgbouncer: bool,
+            in_place: bool, stale_stats: bool, drained_stats: bool, pgbouncer: bool,
             database_url: str | None) -> None:
     """Time the windowed claim against the full ranking, and run the load test."""
     if stale_stats and in_place:
         raise click.UsageError(
             "--stale-stats builds each scenario in a scratch database of its own: "
             "it cannot run --in-place")
+    if drained_stats and not stale_stats:
+        raise click.UsageError("--drained-stats says which stale statistics: "
+                               "it needs --stale-stats")
     url = resolve(database_url)
     chosen = [s for s in SCENARIOS if not names or s.name in names]
     timings: list[Timing] = []
@@ -354,7 +369,7 @@ def command(sizes: tuple[int, ...], repeat: int, names: tuple[str, ...], oracle_
             for scenario in chosen:
                 if stale_stats:
                     got = _fresh_and_stale(url, scenario, jobs, repeat, oracle_budget,
-                                           durable)
+                                           durable, drained_stats)
                     timings += [fresh for fresh, _ in got]
                     pairs += got
                     continue
@@ -370,7 +385,8 @@ def command(sizes: tuple[int, ...], repeat: int, names: tuple[str, ...], oracle_
                    f"claim, {SLOTS} slots, median ms")
         if pairs:
             _print(STALE_SHORT, stale_rows(pairs, titles=False),
-                   f"claim, {SLOTS} slots, median ms, fresh and stale statistics")
+                   f"claim, {SLOTS} slots, median ms, fresh and "
+                   f"{'drained' if drained_stats else 'stale'} statistics")
         if not skip_load:
             with contextlib.ExitStack() as stack:
                 claimers_url = None
@@ -386,5 +402,5 @@ def command(sizes: tuple[int, ...], repeat: int, names: tuple[str, ...], oracle_
                 for error in sorted(set(r.errors))[:5]:
                     click.echo(f"{r.order}: {error}", err=True)
     if report is not None:
-        write_report(report, host, repeat, timings, loads, durable, pairs)
+        write_report(report, host, repeat, timings, loads, durable, pairs, drained_stats)
         click.echo(f"report written to {report}")
