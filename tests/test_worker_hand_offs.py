@@ -119,6 +119,40 @@ async def test_a_hand_off_steps_aside_for_an_earlier_job(
     assert _handed(events) == []
 
 
+@pytest.mark.parametrize("also_ended", (False, True))
+def test_a_hand_off_passes_jobs_of_keys_without_room_only(
+    conn: psycopg.Connection[Any], also_ended: bool
+) -> None:
+    """The look at the head of the queue passes a job of a key at its limit (b: its
+    one run is elsewhere), and stops at a job of a key with room, counted with what
+    the hand-off's own transaction changed: c's run ends in the same transaction
+    (deferred: its limits row still says 1) without being handed off, so c2 could
+    start and a2, behind it, is left to the next claim."""
+    for key in "abc":
+        set_limit_sync(conn, key, max_running=1)
+    running = {key: insert_job(conn, "t", limit_key=key, limited=True, state="running",
+                               started_at="now", worker_id="w")
+               for key in "abc"}
+    for name in ("b2", "c2", "a2"):
+        insert_job(conn, "t", {"name": name}, limit_key=name[0], limited=True)
+    with conn.transaction():
+        conn.execute(queries.get("defer_running"))
+        ended = [running["a"], running["c"]] if also_ended else [running["a"]]
+        conn.execute("UPDATE akadze.jobs SET state = 'succeeded', finished_at = now()"
+                     " WHERE id = ANY (%s)", (ended,))
+        conn.execute(queries.get("hand_off_lock"), {"keys": ["a"]})
+        started = conn.execute(queries.get("hand_off_take"), {
+            "queues": ["default"], "keys": ["a"], "slots": [1], "now": None,
+            "worker_id": "w", "tasks": None, "excluded": Jsonb(["a"])}).fetchall()
+        conn.execute(queries.get("apply_running"))
+    names = conn.execute(
+        "SELECT args ->> 'name' FROM akadze.jobs WHERE id = ANY (%s)",
+        ([row[0] for row in started],)).fetchall()
+    assert [n for (n,) in names] == ([] if also_ended else ["a2"])
+    counts = dict(conn.execute("SELECT key, running FROM akadze.limits").fetchall())
+    assert counts == {"a": 0 if also_ended else 1, "b": 1, "c": 0 if also_ended else 1}
+
+
 async def test_no_hand_off_when_turned_off_or_in_fair_order(
     app: Akadze, conn: psycopg.Connection[Any]
 ) -> None:
