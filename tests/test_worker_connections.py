@@ -9,14 +9,15 @@ import time
 from typing import Any
 
 import psycopg
+import psycopg_pool
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from worker_support import Events, wait_event
+from worker_support import Events, eventually, wait_event
 
 from akadze import Akadze, Worker, current
 from akadze.errors import ConfigurationError
-from akadze.worker._connections import split_budget
+from akadze.worker._connections import CHECK_AFTER_IDLE, IdleCheck, split_budget
 from akadze.worker._settings import default_connections, minimum_connections
 
 Conn = psycopg.Connection[Any]
@@ -182,3 +183,38 @@ class _Peak:
                     " AND application_name LIKE 'akadze-worker%'").fetchone()
                 self.most = max(self.most, int(row[0]) if row else 0)
                 self._stop.wait(0.003)
+
+
+async def test_a_connection_is_checked_only_after_resting(database_url: str,
+                                                          conn: Conn) -> None:
+    """The general pool lends a connection that came back less than
+    CHECK_AFTER_IDLE seconds ago without a round trip, and checks an older one:
+    the server ends the session of a connection resting in the pool; lent at
+    once, it is the same connection, unchecked (a check would have replaced it);
+    returned again and lent after resting, the check finds it closed and the
+    pool lends a new one."""
+    now = [0.0]
+    idle = IdleCheck(lambda: now[0])
+    async with psycopg_pool.AsyncConnectionPool(
+            database_url, min_size=1, max_size=1, timeout=10, check=idle.check,
+            reset=idle.returned, kwargs={"autocommit": True}) as pool:
+        async def back() -> None:  # the pool takes a connection back in a task of its own
+            await eventually(lambda: pool.get_stats()["pool_available"] == 1,
+                             what="the connection back in the pool")
+
+        async with pool.connection() as lent:
+            pid = lent.info.backend_pid
+        await back()
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        await eventually(lambda: conn.execute(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)",
+            (pid,)).fetchone() == (True,), what="the session ended")
+        now[0] += CHECK_AFTER_IDLE / 2
+        async with pool.connection() as lent:
+            assert lent.info.backend_pid == pid
+            assert not lent.broken
+        await back()
+        now[0] += CHECK_AFTER_IDLE
+        async with pool.connection() as lent:
+            assert lent.info.backend_pid != pid
+            await lent.execute("SELECT 1")
