@@ -12,10 +12,13 @@ from urllib.parse import unquote, urlencode, urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
 from .errors import ConfigurationError, DatabaseUnavailable
 
 ENV_URL = "AKADZE_DATABASE_URL"
+
+logger = logging.getLogger("akadze.database")
 
 # SQLAlchemy-style driver suffixes that akadze 0.5 users may have in their URLs.
 _SCHEMES = {
@@ -276,3 +279,49 @@ def _cannot_connect(url: str, exc: Exception) -> ConfigurationError:
     if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailable(message)
     return ConfigurationError(message)
+
+
+# -- ending a failed transaction ------------------------------------------------------
+#
+# A claim and an outcome write each send their statements as one pipeline inside an
+# explicit transaction block. When the block fails (a statement's error, a
+# cancellation or an error of ours between two statements), the block may be left
+# open: these end it. If even the ROLLBACK fails, the connection is closed: a pooler
+# that lost its server connection in the middle of a pipeline (PgBouncer's "server
+# conn crashed?") leaves libpq waiting for replies that never come, and the
+# connection would otherwise stay "in a transaction" for ever, refusing every later
+# use. Closed, its pool replaces it, and its owner sees why in the error it raises
+# anyway: neither function raises, so the failure's own error is the one seen.
+
+_ROLLBACK = "ROLLBACK"
+
+
+def _open(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE
+
+
+def _closing(what: str, exc: Exception) -> None:
+    logger.warning("rolling back a failed %s failed, closing its connection: %s",
+                   what, mask_password(str(exc)))
+
+
+def roll_back_failed(conn: psycopg.Connection[Any], what: str) -> None:
+    """End the transaction a failed ``what`` (a claim, ...) left open, if any."""
+    if not _open(conn):
+        return
+    try:
+        conn.execute(_ROLLBACK, prepare=False)
+    except Exception as exc:
+        _closing(what, exc)
+        conn.close()
+
+
+async def roll_back_failed_async(conn: psycopg.AsyncConnection[Any], what: str) -> None:
+    """As :func:`roll_back_failed`."""
+    if not _open(conn):
+        return
+    try:
+        await conn.execute(_ROLLBACK, prepare=False)
+    except Exception as exc:
+        _closing(what, exc)
+        await conn.close()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 from datetime import datetime
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, overload
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from ..database import roll_back_failed, roll_back_failed_async
 from ..errors import ConfigurationError
 from ..jobs import ClaimedJob
 
@@ -39,15 +39,12 @@ from ._windows import windowed_steps
 
 __all__ = ["claim", "claim_oracle"]
 
-logger = logging.getLogger(__name__)
-
 # READ COMMITTED whatever the server's or role's default_transaction_isolation:
 # the lock protocol counts a key's jobs in a new statement after locking its
 # limits row, and only READ COMMITTED gives that statement a snapshot that sees
 # the commits of the claim that held the row before (claim.sql, claim_counts).
 _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _COMMIT = "COMMIT"
-_ROLLBACK = "ROLLBACK"
 
 # -- drivers --------------------------------------------------------------------------
 
@@ -72,7 +69,7 @@ def _run_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None) -
         with conn.pipeline():
             result = _steps_sync(conn, steps, app)
     except BaseException:
-        _rollback_sync(conn)
+        roll_back_failed(conn, "claim")
         raise
     return result
 
@@ -118,27 +115,6 @@ def _steps_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None
                         _refuse_async_hook(hook, outcome)
 
 
-def _rollback_sync(conn: psycopg.Connection[Any]) -> None:
-    """End a failed claim's transaction, if it is still open; a failure here
-    (a broken connection) must not hide the claim's own error."""
-    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
-        return
-    try:
-        conn.execute(_ROLLBACK, prepare=False)
-    except Exception as exc:
-        _closing(exc)
-        conn.close()
-
-
-def _closing(exc: Exception) -> None:
-    """A failed claim's connection that cannot even roll back is closed: a pooler
-    that lost its server connection in the middle of a pipeline (PgBouncer's
-    "server conn crashed?") leaves libpq waiting for replies that never come, and
-    the connection would otherwise stay "in a transaction" for ever, refusing every
-    later claim. Closed, its pool replaces it and its owner sees why."""
-    logger.warning("rolling back a failed claim failed, closing its connection: %s", exc)
-
-
 def _refuse_async_hook(hook: Callable[..., Any], outcome: Awaitable[Any]) -> None:
     close = getattr(outcome, "close", None)
     if callable(close):
@@ -158,7 +134,7 @@ async def _run_async(
         async with conn.pipeline():
             result = await _steps_async(conn, steps, app)
     except BaseException:
-        await _rollback_async(conn)
+        await roll_back_failed_async(conn, "claim")
         raise
     return result
 
@@ -204,17 +180,6 @@ async def _steps_async(
                     outcome = hook(conn, job, old, new)
                     if inspect.isawaitable(outcome):
                         await outcome
-
-
-async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    """As _rollback_sync."""
-    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
-        return
-    try:
-        await conn.execute(_ROLLBACK, prepare=False)
-    except Exception as exc:
-        _closing(exc)
-        await conn.close()
 
 
 # -- public API -------------------------------------------------------------------------

@@ -11,9 +11,9 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from .. import queries
+from ..database import roll_back_failed_async
 from ..hooks import call_transition_hooks
 from ..jobs import JobState
 from ..outcomes import GIVE_BACKS_PER_ATTEMPT, GIVEN_BACK, Finish
@@ -133,17 +133,6 @@ _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _COMMIT = "COMMIT"
 
 
-async def _roll_back(conn: psycopg.AsyncConnection[Any]) -> None:
-    """End the write's transaction block if a failure left it open (the
-    connection goes back to its pool idle, or closed if it cannot)."""
-    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
-        return
-    try:
-        await conn.rollback()
-    except psycopg.Error:
-        await conn.close()
-
-
 #: Reads what ``then`` sent, once its statements ran (see :func:`write`).
 Reader = Callable[[], Awaitable[None]]
 Then = Callable[[psycopg.AsyncConnection[Any]], Awaitable[Reader]]
@@ -214,7 +203,7 @@ async def write(
                     await conn.execute(queries.get("apply_running"), prepare=True)
                 await conn.execute(_COMMIT, prepare=False)
         except BaseException:
-            await _roll_back(conn)
+            await roll_back_failed_async(conn, "outcome write")
             raise
         accepted = (set(await _given_back(sent_given)) | await _accepted(sent[0])
                     | await _accepted(sent[1]))
