@@ -81,8 +81,9 @@ class IdleCheck:
     proved it); an older one is checked with an empty query, as the server (a
     restart, a pooler's idle timeout) may have closed it meanwhile. On a busy
     worker the outcome writes follow each other closely, and checking each
-    connection cost a round trip per write: about 6 % of a worker's CPU in the
-    limits bench, and a network's latency on the slot's path through it. Real time
+    connection cost a round trip per write (6 % of a worker's samples in a
+    profile of the many-keys limits run) and, through a network, its latency on
+    the path of each slot a write frees. Real time
     (``monotonic``), not the worker's clock: this is about sockets, not jobs."""
 
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
