@@ -293,6 +293,14 @@ def _cannot_connect(url: str, exc: Exception) -> ConfigurationError:
 # use. Closed, its pool replaces it, and its owner sees why in the error it raises
 # anyway: neither function raises, so the failure's own error is the one seen.
 
+# The statements that open and end such a block. READ COMMITTED whatever the
+# server's or role's default_transaction_isolation: the limits protocol of a claim
+# and of a hand-off locks a key's limits row, then counts the key's jobs in a new
+# statement, and only READ COMMITTED gives that statement a snapshot that sees the
+# commits of the transaction that held the row before (claim.sql, claim_counts;
+# handoff.sql).
+BEGIN_READ_COMMITTED = "BEGIN ISOLATION LEVEL READ COMMITTED"
+COMMIT = "COMMIT"
 _ROLLBACK = "ROLLBACK"
 
 

@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING, Any, overload
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from ..database import roll_back_failed, roll_back_failed_async
+from ..database import (
+    BEGIN_READ_COMMITTED,
+    COMMIT,
+    roll_back_failed,
+    roll_back_failed_async,
+)
 from ..errors import ConfigurationError
 from ..jobs import ClaimedJob
 
@@ -38,13 +43,6 @@ from ._steps import Batch, Request, Statement, Steps
 from ._windows import windowed_steps
 
 __all__ = ["claim", "claim_oracle"]
-
-# READ COMMITTED whatever the server's or role's default_transaction_isolation:
-# the lock protocol counts a key's jobs in a new statement after locking its
-# limits row, and only READ COMMITTED gives that statement a snapshot that sees
-# the commits of the claim that held the row before (claim.sql, claim_counts).
-_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
-_COMMIT = "COMMIT"
 
 # -- drivers --------------------------------------------------------------------------
 
@@ -83,26 +81,26 @@ def _steps_sync(conn: psycopg.Connection[Any], steps: Steps, app: Akadze | None
             step = steps.send(reply)
         except StopIteration as done:
             if open_:
-                conn.execute(_COMMIT, prepare=False)
+                conn.execute(COMMIT, prepare=False)
             result: list[ClaimedJob] = done.value
             return result
         reply = None
         if isinstance(step, Statement):
             if not open_:
-                conn.execute(_BEGIN, prepare=False)
+                conn.execute(BEGIN_READ_COMMITTED, prepare=False)
                 open_ = True
             with conn.cursor(row_factory=step.rows) as cur:
                 cur.execute(step.query, step.params, prepare=step.prepare)
                 reply = (cur.fetchall()) if step.fetch else None
         elif isinstance(step, Batch):
             if not open_:
-                conn.execute(_BEGIN, prepare=False)
+                conn.execute(BEGIN_READ_COMMITTED, prepare=False)
                 open_ = True
             cursors = [conn.cursor(row_factory=st.rows) for st in step.statements]
             for cur, st in zip(cursors, step.statements, strict=True):
                 cur.execute(st.query, st.params, prepare=st.prepare)
             if step.commit:
-                conn.execute(_COMMIT, prepare=False)
+                conn.execute(COMMIT, prepare=False)
                 open_ = False
             reply = [cur.fetchall() for cur in cursors]
             for cur in cursors:
@@ -150,26 +148,26 @@ async def _steps_async(
             step = steps.send(reply)
         except StopIteration as done:
             if open_:
-                await conn.execute(_COMMIT, prepare=False)
+                await conn.execute(COMMIT, prepare=False)
             result: list[ClaimedJob] = done.value
             return result
         reply = None
         if isinstance(step, Statement):
             if not open_:
-                await conn.execute(_BEGIN, prepare=False)
+                await conn.execute(BEGIN_READ_COMMITTED, prepare=False)
                 open_ = True
             async with conn.cursor(row_factory=step.rows) as cur:
                 await cur.execute(step.query, step.params, prepare=step.prepare)
                 reply = (await cur.fetchall()) if step.fetch else None
         elif isinstance(step, Batch):
             if not open_:
-                await conn.execute(_BEGIN, prepare=False)
+                await conn.execute(BEGIN_READ_COMMITTED, prepare=False)
                 open_ = True
             cursors = [conn.cursor(row_factory=st.rows) for st in step.statements]
             for cur, st in zip(cursors, step.statements, strict=True):
                 await cur.execute(st.query, st.params, prepare=st.prepare)
             if step.commit:
-                await conn.execute(_COMMIT, prepare=False)
+                await conn.execute(COMMIT, prepare=False)
                 open_ = False
             reply = [await cur.fetchall() for cur in cursors]
             for cur in cursors:

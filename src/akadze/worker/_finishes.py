@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from .. import queries
-from ..database import roll_back_failed_async
+from ..database import BEGIN_READ_COMMITTED, COMMIT, roll_back_failed_async
 from ..hooks import call_transition_hooks
 from ..jobs import JobState
 from ..outcomes import GIVE_BACKS_PER_ATTEMPT, GIVEN_BACK, Finish
@@ -129,10 +129,6 @@ async def _lock_keys(conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish]
         await conn.execute(queries.get("lock_outcome_keys"), {"keys": keys})
 
 
-_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
-_COMMIT = "COMMIT"
-
-
 #: Reads what ``then`` sent, once its statements ran (see :func:`write`).
 Reader = Callable[[], Awaitable[None]]
 Then = Callable[[psycopg.AsyncConnection[Any]], Awaitable[Reader]]
@@ -189,7 +185,7 @@ async def write(
         # instead of writing each key's limits row twice (migration 0021).
         try:
             async with conn.pipeline():
-                await conn.execute(_BEGIN, prepare=False)
+                await conn.execute(BEGIN_READ_COMMITTED, prepare=False)
                 if then is not None:
                     await conn.execute(queries.get("defer_running"), prepare=True)
                 if lock_first:
@@ -201,7 +197,7 @@ async def write(
                 if then is not None:
                     read = await then(conn)
                     await conn.execute(queries.get("apply_running"), prepare=True)
-                await conn.execute(_COMMIT, prepare=False)
+                await conn.execute(COMMIT, prepare=False)
         except BaseException:
             await roll_back_failed_async(conn, "outcome write")
             raise
