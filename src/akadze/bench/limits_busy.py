@@ -75,8 +75,9 @@ class KeysUse:
     keys: int
     seconds: float
     jobs: int = 0
-    #: CPU seconds over the run, of the worker processes (from their workers'
-    #: start) and of the server (None when it is not a process of this host).
+    #: CPU seconds over the run, of the worker processes (once their workers
+    #: started: not building the app, not the worker's start) and of the server
+    #: (None when it is not a process of this host).
     workers_cpu: float | None = None
     server_cpu: float | None = None
     #: Starts a second with every key at its max_running all the time.
