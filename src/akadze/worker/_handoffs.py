@@ -137,9 +137,14 @@ class HandOffs:
             "tasks": list(settings.task_names),
             "excluded": Jsonb(sorted(excluded)),
         }
-        await conn.execute(queries.get("hand_off_lock"), {"keys": keys})
+        # Prepared at their first run on a connection, not after five: the take is a
+        # long statement whose parse and plan cost more than its run for a few keys,
+        # and the pool lends each write any of its connections, so each of them
+        # pays that warm-up (with pgbouncer's transaction pooling nothing is
+        # prepared: the pool's prepare_threshold is None).
+        await conn.execute(queries.get("hand_off_lock"), {"keys": keys}, prepare=True)
         cur = await conn.cursor(row_factory=job_rows).execute(
-            queries.get("hand_off_take"), params)
+            queries.get("hand_off_take"), params, prepare=True)
 
         async def read() -> list[ClaimedJob]:
             jobs = await cur.fetchall()
