@@ -132,14 +132,7 @@ def _make_stale(conn: Conn, stale: str, scenario: cs.Scenario) -> None:
     elif stale == "drained":
         # Analyzed (as autovacuum does) once a drain ended: nothing queued, nothing
         # running; then the next burst, and runs again.
-        cs.build(conn, scenario, READY)
-        conn.execute("UPDATE akadze.jobs SET state = 'succeeded', finished_at = now()")
-        conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
-        _burst_again(conn, scenario)
-        for run in scenario.running:
-            conn.execute(bench_queries.get("bench_insert_running"), {
-                "queue": cs.QUEUE, "prefix": run.prefix, "keys": run.keys,
-                "per_key": run.per_key, "base": datetime(2026, 1, 2, tzinfo=UTC)})
+        cs.build(conn, scenario, READY, drained=True)
     else:
         cs.build(conn, scenario, READY * 2)  # analyzed with every job queued
         # A mass completion: the first half of the queue (in queue order) ends.

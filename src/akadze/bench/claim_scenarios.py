@@ -146,12 +146,14 @@ def build(conn: Conn, scenario: Scenario, jobs: int, stale: bool = False,
     ``stale``: as a burst into a quiet queue meets them, the tables' statistics
     are taken while they are empty and not again (no ANALYZE after the jobs
     arrive; the caller keeps autovacuum off the tables meanwhile, see
-    ``stale_tables``). With ``drained`` too, they are those autovacuum takes once
-    a drain has ended: the scenario built, every job of it finished (none queued
-    or running), the tables analyzed; then the same burst again, whose jobs those
-    statistics do not describe (the finished ones stay, as retention keeps them).
-    Otherwise the tables are vacuumed and analyzed at the end.
+    ``stale_tables``). ``drained`` (stale statistics of another kind, so it implies
+    ``stale``): they are those autovacuum takes once a drain has ended: the
+    scenario built, every job of it finished (none queued or running), the tables
+    analyzed; then the same burst again, whose jobs those statistics do not
+    describe (the finished ones stay, as retention keeps them). Otherwise the
+    tables are vacuumed and analyzed at the end.
     """
+    stale = stale or drained
     conn.execute(queries.get("bench_reset"))
     if stale and not drained:
         conn.execute("ANALYZE akadze.jobs, akadze.limits, akadze.start_marks")
@@ -160,7 +162,7 @@ def build(conn: Conn, scenario: Scenario, jobs: int, stale: bool = False,
     for lim in scenario.limited:
         conn.execute(queries.get("bench_insert_limits"), {
             "prefix": lim.prefix, "keys": lim.keys, "max_running": lim.max_running})
-    if stale and drained:
+    if drained:
         _insert_jobs(conn, scenario, jobs)
         conn.execute(queries.get("bench_drain_all"))
         conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits, akadze.start_marks")
