@@ -43,9 +43,10 @@ async def run_until_done(url: str, slots: int, poll: float, total: int,
     """A worker in this process until the scenario's jobs (``total``) are done.
     Whether they are is read on an async connection, every 0.1 s: a blocking read in
     the worker's own event loop would stall the worker being measured. Returns the
-    CPU seconds the process spent from the worker's start (its connections open, its
-    row registered) to its last outcome: what running the jobs cost, without
-    building the app and starting the worker, which a long-lived worker does once."""
+    CPU seconds the process spent from the moment the worker had started (its
+    connections open, its row registered) to its last outcome: what running the jobs
+    cost, without building the app and starting the worker, which a long-lived worker
+    does once."""
     async with Worker(app(url), slots=slots, poll_interval=poll, lease=60,
                       hand_off=hand_off) as worker:
         began = own_seconds()
