@@ -265,7 +265,7 @@ def measure(conn: Conn, scenario: Scenario, order: str, jobs: int, repeat: int,
     own, which stops repeating once it has spent ``oracle_budget`` seconds (it can
     take seconds per claim); then the windowed claims, interleaved with the plain
     ones. Not the three interleaved: each full ranking reads the whole table, and
-    a windowed claim timed right after one ran on caches it had emptied (about a
+    a windowed claim timed right after one ran on caches it had emptied (up to a
     quarter slower at 100 000 jobs than the same claim after another claim, as a
     worker's claims come). ``plain``: time the plain SKIP LOCKED floor too (not on
     stale statistics: its one statement has no guard against them, and on a
