@@ -36,7 +36,6 @@ from psycopg.types.json import Jsonb
 
 from akadze import Akadze, outcomes, queries
 from akadze.bench import claim_scenarios as cs
-from akadze.bench import queries as bench_queries
 from akadze.claim import claim
 from akadze.jobs import ClaimedJob, JobState
 from akadze.worker._finishes import write
@@ -128,7 +127,9 @@ def _make_stale(conn: Conn, stale: str, scenario: cs.Scenario) -> None:
         cs.build(conn, scenario, READY, stale=True)
     elif stale == "small":
         cs.build(conn, scenario, READY // 100)  # analyzed at 200 jobs
-        _burst_again(conn, scenario)
+        # the READY jobs again, due after those, without ANALYZE (the limits and
+        # running rows of the small build stay)
+        cs.insert_ready(conn, scenario, READY, base=datetime(2026, 1, 2, tzinfo=UTC))
     elif stale == "drained":
         # Analyzed (as autovacuum does) once a drain ended: nothing queued, nothing
         # running; then the next burst, and runs again.
@@ -141,20 +142,6 @@ def _make_stale(conn: Conn, stale: str, scenario: cs.Scenario) -> None:
             WHERE state = 'queued' AND id IN (
                 SELECT id FROM akadze.jobs WHERE state = 'queued'
                 ORDER BY priority DESC, run_at, id LIMIT %(n)s)""", {"n": READY})
-
-
-def _burst_again(conn: Conn, scenario: cs.Scenario) -> None:
-    """Add the scenario's READY jobs again after the small build, without ANALYZE
-    (the limits and running rows of the small build stay)."""
-    start = 0
-    segments = scenario.segments(READY)
-    base = datetime(2026, 1, 2, tzinfo=UTC)
-    for number, seg in enumerate(segments):
-        stop = READY if number == len(segments) - 1 else start + round(seg.share * READY)
-        conn.execute(bench_queries.get("bench_insert_ready"), {
-            "queue": cs.QUEUE, "priority": seg.priority, "base": base, "keys": seg.keys,
-            "prefix": seg.prefix, "block": seg.block, "start": start, "stop": stop})
-        start = stop
 
 
 def _claims(conn: Conn, order: str, times: int) -> list[ClaimedJob]:

@@ -171,17 +171,23 @@ def build(conn: Conn, scenario: Scenario, jobs: int, stale: bool = False,
         conn.execute("VACUUM (ANALYZE) akadze.jobs, akadze.limits")
 
 
-def _insert_jobs(conn: Conn, scenario: Scenario, jobs: int) -> None:
-    """The scenario's ready jobs, segment by segment, and its running ones."""
+def insert_ready(conn: Conn, scenario: Scenario, jobs: int,
+                 base: datetime = BASE) -> None:
+    """The scenario's ``jobs`` ready jobs, segment by segment, due from ``base``."""
     start = 0
     segments = scenario.segments(jobs)
     for number, seg in enumerate(segments):
         stop = jobs if number == len(segments) - 1 else start + round(seg.share * jobs)
         conn.execute(queries.get("bench_insert_ready"), {
-            "queue": QUEUE, "priority": seg.priority, "base": BASE, "keys": seg.keys,
+            "queue": QUEUE, "priority": seg.priority, "base": base, "keys": seg.keys,
             "prefix": seg.prefix, "block": seg.block, "start": start, "stop": stop,
         })
         start = stop
+
+
+def _insert_jobs(conn: Conn, scenario: Scenario, jobs: int) -> None:
+    """The scenario's ready jobs and its running ones."""
+    insert_ready(conn, scenario, jobs)
     for run in scenario.running:
         conn.execute(queries.get("bench_insert_running"), {
             "queue": QUEUE, "prefix": run.prefix, "keys": run.keys, "per_key": run.per_key,
