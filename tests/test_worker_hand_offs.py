@@ -119,17 +119,22 @@ async def test_a_hand_off_steps_aside_for_an_earlier_job(
     assert _handed(events) == []
 
 
+@pytest.mark.parametrize("idle_keys", (0, 40))
 @pytest.mark.parametrize("also_ended", (False, True))
 def test_a_hand_off_passes_jobs_of_keys_without_room_only(
-    conn: psycopg.Connection[Any], also_ended: bool
+    conn: psycopg.Connection[Any], also_ended: bool, idle_keys: int
 ) -> None:
     """The look at the head of the queue passes a job of a key at its limit (b: its
     one run is elsewhere), and stops at a job of a key with room, counted with what
     the hand-off's own transaction changed: c's run ends in the same transaction
     (deferred: its limits row still says 1) without being handed off, so c2 could
-    start and a2, behind it, is left to the next claim."""
+    start and a2, behind it, is left to the next claim. The same whichever route
+    the look takes: the open one (at most 32 limits rows with room) or, with 40
+    idle keys beside, the read of the queue's head entry by entry."""
     for key in "abc":
         set_limit_sync(conn, key, max_running=1)
+    for i in range(idle_keys):
+        set_limit_sync(conn, f"idle-{i}", max_running=1)
     running = {key: insert_job(conn, "t", limit_key=key, limited=True, state="running",
                                started_at="now", worker_id="w")
                for key in "abc"}
@@ -149,7 +154,8 @@ def test_a_hand_off_passes_jobs_of_keys_without_room_only(
         "SELECT args ->> 'name' FROM akadze.jobs WHERE id = ANY (%s)",
         ([row[0] for row in started],)).fetchall()
     assert [n for (n,) in names] == ([] if also_ended else ["a2"])
-    counts = dict(conn.execute("SELECT key, running FROM akadze.limits").fetchall())
+    counts = dict(conn.execute("SELECT key, running FROM akadze.limits"
+                               " WHERE key NOT LIKE 'idle-%%'").fetchall())
     assert counts == {"a": 0 if also_ended else 1, "b": 1, "c": 0 if also_ended else 1}
 
 
@@ -203,10 +209,15 @@ async def test_limits_hold_under_hand_offs_of_two_workers(
     assert len(_handed(first)) + len(_handed(second)) >= 40
 
 
-def test_hand_off_plans_on_stale_statistics(database_url: str) -> None:
+@pytest.mark.parametrize("ended", (50, 20))
+def test_hand_off_plans_on_stale_statistics(database_url: str, ended: int) -> None:
     """hand_off_lock and hand_off_take on a table analyzed while empty, then filled:
     index paths only, and a bounded read (the look at the queue's first entries,
-    plus a few entries per key handed off), however long the queue."""
+    plus a few entries per key handed off), however long the queue. With at most
+    32 limits rows with room (20 keys ended a run here; the others are at their
+    limit) the look takes the open route: it reads no entry of a key at its limit,
+    so not even the first 1 024 entries of the limited part. The keys are those
+    whose next jobs are furthest back in the queue, behind every other key's."""
     scenario = next(s for s in cs.SCENARIOS if s.name == "at-limit-then-free")
     with psycopg.connect(database_url, autocommit=True) as conn:
         cs.stale_tables(conn)
@@ -214,8 +225,13 @@ def test_hand_off_plans_on_stale_statistics(database_url: str) -> None:
         keys = [str(row[0]) for row in conn.execute(
             "SELECT l.key FROM akadze.limits l WHERE l.max_running IS NOT NULL "
             "AND l.max_starts IS NULL AND EXISTS (SELECT 1 FROM akadze.jobs j "
-            "WHERE j.limit_key = l.key AND j.state = 'queued') ORDER BY l.key LIMIT 50")]
-        assert len(keys) == 50
+            "WHERE j.limit_key = l.key AND j.state = 'queued') ORDER BY (SELECT min(q.id) "
+            "FROM akadze.jobs q WHERE q.limit_key = l.key AND q.state = 'queued') DESC, l.key "
+            "LIMIT %s",
+            (ended,))]
+        assert len(keys) == ended
+        assert conn.execute("SELECT count(*) FROM akadze.limits WHERE running < max_running"
+                            ).fetchone() == (0,)
         for statement in AUTO_EXPLAIN:
             conn.execute(statement)
         with explained(conn) as plans, conn.transaction():
@@ -233,7 +249,8 @@ def test_hand_off_plans_on_stale_statistics(database_url: str) -> None:
         hand_off = [p for p in plans if "akadze.hand_off_locked" in p["Query Text"]]
         assert len(hand_off) == 2
         bad = [(p["Query Text"][:80], f) for p in hand_off
-               if (f := faults(p, 64 + 1024 + 40 * len(keys), bitmap_pkey=True))]
+               if (f := faults(p, 64 + (1024 if ended > 32 else 0) + 40 * len(keys),
+                               bitmap_pkey=True))]
         assert not bad, bad
         # One job per key asked for: what comes before their next jobs is of keys at
         # their limit (counted, though not left out by the worker's hint).

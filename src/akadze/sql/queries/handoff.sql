@@ -97,6 +97,25 @@ asked AS MATERIALIZED (
     WHERE (SELECT k.keys FROM locked k) ? a.key
       AND NOT EXISTS (SELECT 1 FROM akadze.queue_pauses p WHERE p.queue = a.queue)
 ),
+with_room AS MATERIALIZED (
+    -- The open route (the claim's, migration 0018): the limits rows that have room
+    -- by their count, up to 33, from limits_room_idx. A row full by its count is at
+    -- its limit in this snapshot (the count is never higher than the key's running
+    -- jobs), so when at most 32 rows have room, the jobs of every other key in the
+    -- limited part are of keys without room: the look needs the first entry of the
+    -- keys with room only, one probe of jobs_ready_key_idx each, instead of reading
+    -- the queue's head entry by entry past every key at its limit (about 200
+    -- entries per write in "many keys", up to 1 024 with more keys). Keys with a
+    -- start rate and no max_running are never full by the count: they are probed,
+    -- and their start marks counted, as the look counts them.
+    SELECT l.key FROM akadze.limits l
+    WHERE NOT COALESCE(l.running >= l.max_running, false)
+    ORDER BY l.key
+    LIMIT 33
+),
+open_route AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM with_room) <= 32 AS yes
+),
 far AS MATERIALIZED (
     -- Per queue, the furthest in queue order of the entries a hand-off could start:
     -- for each key asked there, its `slots`-th queued entry (or its last), read from
@@ -106,7 +125,8 @@ far AS MATERIALIZED (
     -- is all keys at their limit is read as far as the keys' next jobs, not to the
     -- end of the look (the cost of a hand-off follows how far its jobs are, not the
     -- size of the look). The key's first entries are read again by chosen: stop,
-    -- which chosen needs, needs this first.
+    -- which chosen needs, needs this first. Not on the open route (empty there):
+    -- chosen then keeps to each key's first `slots` entries itself.
     SELECT DISTINCT ON (a.queue) a.queue, h.priority, h.run_at, h.id
     FROM asked a
     CROSS JOIN LATERAL (
@@ -118,6 +138,7 @@ far AS MATERIALIZED (
         ORDER BY e.priority, e.run_at DESC, e.id DESC
         LIMIT 1
     ) h
+    WHERE NOT (SELECT r.yes FROM open_route r)
     ORDER BY a.queue, h.priority, h.run_at DESC, h.id DESC
 ),
 stop AS MATERIALIZED (
@@ -145,6 +166,7 @@ stop AS MATERIALIZED (
                             row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.id) AS n
                      FROM (SELECT j.priority, j.run_at, j.id, j.limit_key FROM akadze.jobs j
                            WHERE j.queue = q.queue AND j.state = 'queued' AND j.limited
+                             AND NOT (SELECT r.yes FROM open_route r)
                            ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1024) j) f
                WHERE f.n = 1024 OR f.limit_key IS NULL
                   OR ((-f.priority::int, f.run_at, f.id)
@@ -169,6 +191,39 @@ stop AS MATERIALIZED (
                                      WHERE m.key = l.key
                                        AND m.started_at > COALESCE(%(now)s::timestamptz, now())
                                                           - l."window")))))
+               LIMIT 1)
+              UNION ALL
+              -- The open route: the first queued entry, in this queue, of each key
+              -- with room by its row, or freed by this transaction's own finishes
+              -- (deferred: its row does not show it yet), not left out and with
+              -- room now by the same test as above (no start rate spent). Entries
+              -- of a key that is not flagged there are read too: that only stops
+              -- the look earlier.
+              (SELECT h.priority, h.run_at, h.id
+               FROM (SELECT w.key FROM with_room w
+                     UNION
+                     SELECT p.key
+                     FROM jsonb_each_text((SELECT k.pending FROM locked k)) p
+                     WHERE p.value::integer < 0) c
+               CROSS JOIN LATERAL (
+                   SELECT j.priority, j.run_at, j.id FROM akadze.jobs j
+                   WHERE j.queue = q.queue AND j.limit_key = c.key AND j.state = 'queued'
+                   ORDER BY j.priority DESC, j.run_at, j.id
+                   LIMIT 1
+               ) h
+               WHERE (SELECT r.yes FROM open_route r)
+                 AND c.key NOT IN (SELECT jsonb_array_elements_text(%(excluded)b::jsonb))
+                 AND NOT EXISTS (
+                     SELECT 1 FROM akadze.limits l
+                     WHERE l.key = c.key
+                       AND (l.max_running <= l.running + COALESCE(
+                                ((SELECT k.pending FROM locked k) ->> l.key)::integer, 0)
+                            OR (l.max_starts IS NOT NULL AND l.max_starts <= (
+                                SELECT count(*) FROM akadze.start_marks m
+                                WHERE m.key = l.key
+                                  AND m.started_at > COALESCE(%(now)s::timestamptz, now())
+                                                     - l."window"))))
+               ORDER BY h.priority DESC, h.run_at, h.id
                LIMIT 1)) e
         ORDER BY e.priority DESC, e.run_at, e.id
         LIMIT 1
@@ -177,6 +232,7 @@ stop AS MATERIALIZED (
 room AS MATERIALIZED (
     SELECT a.queue, a.key, st.priority AS stop_priority, st.run_at AS stop_run_at,
            st.id AS stop_id,
+           CASE WHEN (SELECT r.yes FROM open_route r) THEN a.slots END AS first_only,
            GREATEST(0, LEAST(a.slots, l.max_running - (
                SELECT count(*) FROM akadze.jobs r
                WHERE r.state = 'running' AND r.limit_key = a.key))) AS n
@@ -193,7 +249,9 @@ chosen AS (
               FROM akadze.jobs j
               WHERE j.queue = rm.queue AND j.limit_key = rm.key AND j.state = 'queued'
               ORDER BY j.priority DESC, j.run_at, j.id
-              LIMIT rm.n + 16) e
+              -- on the open route, the key's first `slots` entries only (far's
+              -- bound, per key)
+              LIMIT COALESCE(rm.first_only, rm.n + 16)) e
         JOIN akadze.jobs h ON h.id = e.id
         WHERE (rm.stop_id IS NULL
                OR (-e.priority::int, e.run_at, e.id)
