@@ -71,7 +71,10 @@ SELECT set_config('akadze.hand_off_locked',
 --     slot to a key with a deep backlog, and the cost is bounded whatever the queue
 --     holds (at most 1 088 index entries per queue and write, not per key). The
 --     limited part's look also ends past `far`, the furthest entry the write
---     could start: usually well before 1 024 entries.
+--     could start: usually well before 1 024 entries. And when at most 32 limits
+--     rows have room by their count (`with_room`), the limited part is not read
+--     entry by entry at all: its stop is the first entry of those keys (the open
+--     route), so keys at their limit cost nothing, however many come first.
 --
 -- A key's next jobs are read from jobs_ready_key_idx (equality on queue and
 -- limit_key, the index's order), at most `slots` + 16 entries, and checked there;
