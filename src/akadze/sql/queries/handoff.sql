@@ -165,12 +165,39 @@ stop AS MATERIALIZED (
                LIMIT 1)
               UNION ALL
               (SELECT f.priority, f.run_at, f.id
-               FROM (SELECT j.priority, j.run_at, j.id, j.limit_key,
-                            row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.id) AS n
-                     FROM (SELECT j.priority, j.run_at, j.id, j.limit_key FROM akadze.jobs j
-                           WHERE j.queue = q.queue AND j.state = 'queued' AND j.limited
-                             AND NOT (SELECT r.yes FROM open_route r)
-                           ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1024) j) f
+               FROM ((SELECT j.priority, j.run_at, j.id, j.limit_key,
+                             row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.id) AS n
+                      FROM (SELECT j.priority, j.run_at, j.id, j.limit_key FROM akadze.jobs j
+                            WHERE j.queue = q.queue AND j.state = 'queued' AND j.limited
+                              AND NOT (SELECT r.yes FROM open_route r)
+                            ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1024) j)
+                     UNION ALL
+                     -- The open route, instead: the first queued entry, in this
+                     -- queue, of each key with room by its row or freed by this
+                     -- transaction's own finishes (deferred: its row does not show
+                     -- it yet), in queue order, for the test below (n and far do
+                     -- not apply: NULL). Entries of a key that is not flagged there
+                     -- are read too: that only stops the look earlier. One of the
+                     -- two sources is empty, so the other's order is kept.
+                     (SELECT h.priority, h.run_at, h.id, c.key, NULL::bigint
+                      FROM (SELECT w.key FROM with_room w
+                            UNION
+                            SELECT p.key
+                            FROM jsonb_each_text((SELECT k.pending FROM locked k)) p
+                            WHERE p.value::integer < 0) c
+                      CROSS JOIN LATERAL (
+                          SELECT j.priority, j.run_at, j.id FROM akadze.jobs j
+                          WHERE j.queue = q.queue AND j.limit_key = c.key
+                            AND j.state = 'queued'
+                          ORDER BY j.priority DESC, j.run_at, j.id
+                          LIMIT 1
+                      ) h
+                      WHERE (SELECT r.yes FROM open_route r)
+                        -- the keys left out are not probed at all (the test below
+                        -- would pass their entries anyway): in a write that hands
+                        -- off, they are most of the freed ones
+                        AND c.key NOT IN (SELECT jsonb_array_elements_text(%(excluded)b::jsonb))
+                      ORDER BY h.priority DESC, h.run_at, h.id)) f
                WHERE f.n = 1024 OR f.limit_key IS NULL
                   OR ((-f.priority::int, f.run_at, f.id)
                       > (-fa.priority::int, fa.run_at, fa.id)) IS TRUE
@@ -194,39 +221,6 @@ stop AS MATERIALIZED (
                                      WHERE m.key = l.key
                                        AND m.started_at > COALESCE(%(now)s::timestamptz, now())
                                                           - l."window")))))
-               LIMIT 1)
-              UNION ALL
-              -- The open route: the first queued entry, in this queue, of each key
-              -- with room by its row, or freed by this transaction's own finishes
-              -- (deferred: its row does not show it yet), not left out and with
-              -- room now by the same test as above (no start rate spent). Entries
-              -- of a key that is not flagged there are read too: that only stops
-              -- the look earlier.
-              (SELECT h.priority, h.run_at, h.id
-               FROM (SELECT w.key FROM with_room w
-                     UNION
-                     SELECT p.key
-                     FROM jsonb_each_text((SELECT k.pending FROM locked k)) p
-                     WHERE p.value::integer < 0) c
-               CROSS JOIN LATERAL (
-                   SELECT j.priority, j.run_at, j.id FROM akadze.jobs j
-                   WHERE j.queue = q.queue AND j.limit_key = c.key AND j.state = 'queued'
-                   ORDER BY j.priority DESC, j.run_at, j.id
-                   LIMIT 1
-               ) h
-               WHERE (SELECT r.yes FROM open_route r)
-                 AND c.key NOT IN (SELECT jsonb_array_elements_text(%(excluded)b::jsonb))
-                 AND NOT EXISTS (
-                     SELECT 1 FROM akadze.limits l
-                     WHERE l.key = c.key
-                       AND (l.max_running <= l.running + COALESCE(
-                                ((SELECT k.pending FROM locked k) ->> l.key)::integer, 0)
-                            OR (l.max_starts IS NOT NULL AND l.max_starts <= (
-                                SELECT count(*) FROM akadze.start_marks m
-                                WHERE m.key = l.key
-                                  AND m.started_at > COALESCE(%(now)s::timestamptz, now())
-                                                     - l."window"))))
-               ORDER BY h.priority DESC, h.run_at, h.id
                LIMIT 1)) e
         ORDER BY e.priority DESC, e.run_at, e.id
         LIMIT 1
