@@ -37,7 +37,7 @@ def _cancel(job_id: object, hooks: list[Hook]) -> Dialog[bool]:
     job, state = _found((yield from dialog.one(queries.get("job_for_cancel"), {"id": checked},
                                             row_factory=job_state_rows)),
                         checked)
-    if state in ("queued", "waiting"):  # a waiting job's children are cancelled in turn
+    if state in ("queued", "waiting", "reserved"):  # a waiting job's children are cancelled in turn
         yield from dialog.execute(queries.get("cancel_queued"), {"id": checked, "now": None})
         yield from dialog.call_hooks(hooks, job, state, "cancelled", kind="on_transition",
                                      where="request_cancel_sync")

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 class JobState(enum.StrEnum):
     WAITING = "waiting"
     QUEUED = "queued"
+    #: Held by a worker for the slot of its key that frees next (a limited key at
+    #: its max_running): it starts there when a run of the key ends.
+    RESERVED = "reserved"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"

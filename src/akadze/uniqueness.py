@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-ACTIVE = ("waiting", "queued", "running")
-NOT_STARTED = ("waiting", "queued")
+ACTIVE = ("waiting", "queued", "reserved", "running")
+NOT_STARTED = ("waiting", "queued", "reserved")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-STATES = ("waiting", "queued", "running", "succeeded", "failed", "cancelled")
+STATES = ("waiting", "queued", "reserved", "running", "succeeded", "failed", "cancelled")
 FINISHED = ("succeeded", "failed", "cancelled")
 ID_MAX = 2**63 - 1
 

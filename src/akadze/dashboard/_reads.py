@@ -426,7 +426,7 @@ def job_actions(job: JobSummary, now: datetime) -> tuple[str, ...]:
         found.append("requeue")
     if state == "queued" and job.run_at > now:
         found.append("retry")
-    if state in ("waiting", "queued", "running") and not job.cancel_requested:
+    if state in ("waiting", "queued", "reserved", "running") and not job.cancel_requested:
         found.append("cancel")
     return tuple(found)
 

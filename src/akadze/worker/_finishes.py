@@ -122,9 +122,11 @@ async def _given_back(cur: psycopg.AsyncCursor[Any] | None) -> dict[int, JobStat
     return {int(str(row[0])): JobState(row[1]) for row in await cur.fetchall()}
 
 
-async def _lock_keys(conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish]) -> None:
-    """Lock the limits rows of ``batch``'s keys in key order (lock_outcome_keys)."""
-    keys = sorted({f.job.limit_key for f in batch if f.job.limit_key is not None})
+async def _lock_keys(conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish],
+                     more: Sequence[str] = ()) -> None:
+    """Lock the limits rows of ``batch``'s keys (and ``more``) in key order
+    (lock_outcome_keys)."""
+    keys = sorted({f.job.limit_key for f in batch if f.job.limit_key is not None} | set(more))
     if keys:
         await conn.execute(queries.get("lock_outcome_keys"), {"keys": keys})
 
@@ -132,6 +134,7 @@ async def _lock_keys(conn: psycopg.AsyncConnection[Any], batch: Sequence[Finish]
 #: Reads what ``then`` sent, once its statements ran (see :func:`write`).
 Reader = Callable[[], Awaitable[None]]
 Then = Callable[[psycopg.AsyncConnection[Any]], Awaitable[Reader]]
+Before = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
 
 async def write(
@@ -141,6 +144,8 @@ async def write(
     hooks: Sequence[Callable[..., Any]] = (),
     now: datetime | None = None,
     then: Then | None = None,
+    before: Before | None = None,
+    before_keys: Sequence[str] = (),
 ) -> set[int]:
     """Write ``batch``; return the ids whose fence held (the others were no longer
     this run's and changed nothing).
@@ -151,7 +156,10 @@ async def write(
     are rolled back, and the change itself still happens (a job must not stay
     running because a hook fails). ``then`` sends more statements in the same
     transaction, last (the hand-offs: :mod:`._handoffs`), and returns what reads
-    their rows; what they raise rolls the whole write back.
+    their rows; what they raise rolls the whole write back. ``before`` sends
+    statements first, once the limits rows of the batch's keys and ``before_keys``
+    are locked in key order (the reserved jobs begun in the slots of these runs:
+    started before the finishes, as a finish of such a job may be in the batch).
     """
     if not batch:
         return set()
@@ -161,8 +169,8 @@ async def write(
     statements = sum(1 for part in (plain, other, given) if part)
     # More than one statement that changes running jobs in one transaction: their
     # keys' limits rows are locked first, in one order (lock_outcome_keys).
-    lock_first = statements > 1
-    if not hooks and then is None and statements == 1:
+    lock_first = statements > 1 or before is not None
+    if not hooks and then is None and before is None and statements == 1:
         # One statement in its own (autocommit) transaction.
         if given:
             return set(await _given_back(await _send_give_back(conn, given, now)))
@@ -189,7 +197,9 @@ async def write(
                 if then is not None:
                     await conn.execute(queries.get("defer_running"), prepare=True)
                 if lock_first:
-                    await _lock_keys(conn, batch)
+                    await _lock_keys(conn, batch, before_keys)
+                if before is not None:
+                    await before(conn)
                 sent = [await _send_finish(conn, plain, now),
                         await _send_finish(conn, other, now)]
                 sent_given = await _send_give_back(conn, given, now)
@@ -208,7 +218,9 @@ async def write(
         return accepted
     async with conn.transaction():
         if lock_first:
-            await _lock_keys(conn, batch)
+            await _lock_keys(conn, batch, before_keys)
+        if before is not None:
+            await before(conn)
         accepted = await _execute_finish(conn, plain, now)
         accepted |= await _execute_finish(conn, other, now)
         gave_back = await _given_back(await _send_give_back(conn, given, now))

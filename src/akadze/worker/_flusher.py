@@ -26,10 +26,9 @@ from typing import Any
 import psycopg
 
 from .. import backoff, outcomes
-from ..jobs import ClaimedJob
 from ._connections import Connections
 from ._finishes import Reader, write
-from ._handoffs import HandOffs
+from ._handoffs import HandOffs, Took
 from ._refusals import write_splitting
 from ._state import WorkerState
 
@@ -126,26 +125,33 @@ class OutcomeFlusher:
         settings = self._state.settings
         hooks = settings.app.on_transition_hooks
         hand_offs = self._hand_offs
-        started: list[ClaimedJob] = []
+        started: list[Took] = []
         failed = True
         try:
             async with self._connections.connection() as conn:
                 async def write_part(part: Sequence[outcomes.Finish]) -> set[int]:
                     if hand_offs is None or not hand_offs.wanted(part):
                         return await write(conn, part, hooks=hooks, now=settings.sql_now())
-                    taken: list[ClaimedJob] = []
+                    taken: list[Took] = []
+                    took = Took()
+                    before_keys = hand_offs.carried_keys(part)
+
+                    async def before(conn: psycopg.AsyncConnection[Any]) -> None:
+                        await hand_offs.start_in(conn, part, took)
 
                     async def then(conn: psycopg.AsyncConnection[Any]) -> Reader:
-                        read = await hand_offs.take_in(conn, part)
+                        read = await hand_offs.take_in(conn, part, took)
 
                         async def reader() -> None:
-                            taken.extend(await read())
+                            taken.append(await read())
 
                         return reader
 
                     async with hand_offs.quiet:
-                        accepted = await write(conn, part, hooks=hooks,
-                                               now=settings.sql_now(), then=then)
+                        accepted = await write(
+                            conn, part, hooks=hooks, now=settings.sql_now(), then=then,
+                            before=before if before_keys else None,
+                            before_keys=before_keys)
                     started.extend(taken)  # committed: the write returned
                     return accepted
 
@@ -200,6 +206,14 @@ class OutcomeFlusher:
                         state.trouble.recovered(where)
                 if delay:
                     await asyncio.sleep(delay)
+            if (not self._pending and self._hand_offs is not None
+                    and self._hand_offs.unsure and not (state.stopping or state.fenced)):
+                async with self._write_lock:
+                    try:
+                        async with self._connections.connection() as conn:
+                            await self._hand_offs.give_back(conn)
+                    except Exception as exc:  # the next write gives them back
+                        logger.debug("giving back reservations failed: %s", exc)
             state.unblock()
             state.settled.set()
 

@@ -23,6 +23,18 @@ key with a deep backlog cannot keep a slot from an earlier job of another key th
 has room: that slot goes to the next claim.
 ``Worker(hand_off=False)`` turns hand-offs off.
 
+Reservations: the transaction of a hand-off also reserves, for each run of a key
+it starts, the key's next job (state ``reserved``, held for this worker with the
+token its run will carry). When a run of that key ends here, the reserved job
+starts at once, without waiting for any write; the write that records the run's
+end starts it in the database too (``start_reserved``, fenced by the reservation,
+after the finish: the key's count goes down and up again under the lock the
+finish took) and reserves the next one. So a key at its limit loses no time
+between its runs but the event loop's. A reservation given back meanwhile (the
+job was cancelled, or rescued after this worker's lease ran out) is not started:
+that run is stopped as lost. The worker gives back what it holds when it stops
+(``worker_unregister``); a lost worker's are given back by the rescue.
+
 The slot is reserved from the run's end until the write is over (the claim loop
 does not claim for it meanwhile: ``QueueSlots.reserved``); then the jobs started
 go into the queue's claim loop like claimed jobs (``deliver``) and the reserved
@@ -35,8 +47,10 @@ gone).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -44,26 +58,52 @@ from psycopg.types.json import Jsonb
 
 from .. import queries
 from ..hooks import call_transition_hooks
-from ..jobs import ClaimedJob, job_rows
+from ..jobs import ClaimedJob, JobState, job_state_rows
 from ..outcomes import GIVEN_BACK, Finish
 from ._state import WorkerState
 
 #: Told the jobs a hand-off started for a queue.
 Deliver = Callable[[str, list[ClaimedJob]], None]
+#: Told the runs to stop as lost (job ids, why).
+Lose = Callable[[list[int], str], object]
+
+
+@dataclasses.dataclass
+class Took:
+    """What the hand-off statements of one write did: the jobs they started, the
+    jobs they reserved, and the ids of the reserved jobs they started (the ones
+    begun here when a run ended)."""
+
+    started: list[ClaimedJob] = dataclasses.field(default_factory=list)
+    reserved: list[ClaimedJob] = dataclasses.field(default_factory=list)
+    confirmed: set[int] = dataclasses.field(default_factory=set)
+    gave_back: bool = False
+    #: The start_reserved cursor, read with the rest.
+    begun: Any = None
 
 
 class HandOffs:
     """Reserved slots of ended runs, and the hand-off that uses them."""
 
     def __init__(self, state: WorkerState, *, blocked: Callable[[str], tuple[str, ...]],
-                 deliver: Deliver, suspect: Callable[[str], None]) -> None:
+                 deliver: Deliver, suspect: Callable[[str], None],
+                 lose: Lose | None = None) -> None:
         self._state = state
         self._settings = state.settings
         self._blocked = blocked
         self._deliver = deliver
         self._suspect = suspect
+        self._lose = lose
         #: job id -> (queue, key) of each ended run whose slot is reserved.
         self._reserved: dict[int, tuple[str, str]] = {}
+        #: (queue, key) -> the jobs reserved for this worker, in queue order.
+        self._successors: dict[tuple[str, str], list[ClaimedJob]] = {}
+        #: job id of an ended run -> the reserved job started in its slot, until a
+        #: write has started it in the database.
+        self._carried: dict[int, ClaimedJob] = {}
+        #: A write failed after it may have reserved jobs unseen: the next one
+        #: gives back those this worker does not know of.
+        self._unsure = False
         #: Held while a hand-off is in flight, from its write's start until its
         #: jobs are read (and by a claim loop that reconciles: the jobs of a
         #: hand-off in flight are nowhere in the worker yet). Taken after a
@@ -77,16 +117,53 @@ class HandOffs:
         settings = self._settings
         return settings.hand_off and not settings.fair
 
+    @property
+    def reservations(self) -> int:
+        """Jobs reserved for this worker and not started yet."""
+        return sum(len(jobs) for jobs in self._successors.values())
+
     def reserve(self, finish: Finish) -> None:
-        """A run ended with ``finish`` to write: keep its slot for a hand-off when
-        one may follow (see the module's doc)."""
+        """A run ended with ``finish`` to write: start its key's reserved job in its
+        slot, or keep the slot for a hand-off when one may follow (see the
+        module's doc)."""
         job, state = finish.job, self._state
+        if state.fenced:
+            self._successors.clear()  # the rescue gives them back
+        if finish.kind == GIVEN_BACK and job.limit_key is not None:
+            self.drop(job.queue, job.limit_key)
         if (not self.enabled or job.limit_key is None or finish.kind == GIVEN_BACK
                 or state.stopping or state.fenced or job.id in self._reserved
-                or job.queue not in state.slots):
+                or job.id in self._carried or job.queue not in state.slots):
+            return
+        waiting = self._successors.get((job.queue, job.limit_key))
+        if waiting:
+            successor = waiting.pop(0)
+            if not waiting:
+                del self._successors[(job.queue, job.limit_key)]
+            # as start_reserved will write it
+            begun = dataclasses.replace(
+                successor, run_count=successor.run_count + 1,
+                attempt=successor.attempt + 1, worker_id=self._settings.worker_id,
+                started_at=datetime.now(UTC))
+            self._carried[job.id] = begun
+            self.started += 1
+            self._deliver(job.queue, [begun])
             return
         self._reserved[job.id] = (job.queue, job.limit_key)
         state.slots[job.queue].reserved += 1
+
+    def drop(self, queue: str, key: str | None) -> None:
+        """A run of ``key`` ended here without an outcome that starts a successor
+        (given back, lost): the next write gives back one reserved job of the key,
+        so that no reservation outlives the runs it follows."""
+        if key is None:
+            return
+        waiting = self._successors.get((queue, key))
+        if waiting:
+            waiting.pop()
+            if not waiting:
+                del self._successors[(queue, key)]
+            self._unsure = True
 
     def reserved_in(self, batch: Sequence[Finish]) -> list[tuple[str, str]]:
         return [self._reserved[f.job.id] for f in batch if f.job.id in self._reserved]
@@ -103,13 +180,36 @@ class HandOffs:
             self._state.slots[queue].freed.set()
 
     def wanted(self, part: Sequence[Finish]) -> bool:
-        """Whether writing ``part`` should start jobs in the slots it frees."""
+        """Whether writing ``part`` should start jobs in the slots it frees (or
+        start the reserved jobs begun in them already)."""
         state = self._state
+        if any(f.job.id in self._carried for f in part):
+            return True
         return (not (state.stopping or state.fenced)
-                and any(f.job.id in self._reserved for f in part))
+                and (self._unsure or any(f.job.id in self._reserved for f in part)))
 
-    async def take_in(self, conn: psycopg.AsyncConnection[Any], part: Sequence[Finish]
-                      ) -> Callable[[], Awaitable[list[ClaimedJob]]]:
+    def carried_keys(self, part: Sequence[Finish]) -> list[str]:
+        """The keys of the reserved jobs begun in the slots of ``part``'s runs
+        (empty: none was)."""
+        return sorted({job.limit_key for f in part if (job := self._carried.get(f.job.id))
+                       is not None and job.limit_key is not None})
+
+    async def start_in(self, conn: psycopg.AsyncConnection[Any], part: Sequence[Finish],
+                       took: Took) -> None:
+        """Inside the transaction that writes ``part``, before its finishes (one of
+        them may be of a job begun here: it must be running first), with the keys'
+        limits rows locked: start the reserved jobs begun in the slots of its runs
+        (start_reserved); :meth:`take_in`'s reader reads what it started."""
+        carried = [self._carried[f.job.id] for f in part if f.job.id in self._carried]
+        if carried:
+            took.begun = await conn.execute(queries.get("start_reserved"), {
+                "ids": [job.id for job in carried],
+                "tokens": [job.claim_token for job in carried],
+                "worker_id": self._settings.worker_id, "now": self._settings.sql_now(),
+            }, prepare=True)
+
+    async def take_in(self, conn: psycopg.AsyncConnection[Any], part: Sequence[Finish],
+                      took: Took) -> Callable[[], Awaitable[Took]]:
         """Inside the transaction that writes ``part`` on ``conn``, after its
         finishes: send the statements that start the next jobs of the keys whose
         runs ended with a reserved slot; return what reads the jobs they started
@@ -117,21 +217,37 @@ class HandOffs:
         they raise rolls the write back (the flusher retries it, then without
         hand-offs: the reservations are gone). The caller holds :attr:`quiet`
         from before this until the jobs are read."""
+        settings, state = self._settings, self._state
+        carried = [self._carried[f.job.id] for f in part if f.job.id in self._carried]
+        if self._unsure and not (state.stopping or state.fenced):
+            keep = [job.id for jobs in self._successors.values() for job in jobs]
+            await conn.execute(queries.get("give_back_reserved"), {
+                "worker_id": settings.worker_id,
+                "keep": keep + [job.id for job in self._carried.values()]})
+            took.gave_back = True
         held = self.reserved_in(part)
-        # One queue per key (room is counted per key, over every queue).
-        asked: dict[str, tuple[str, int]] = {}
+        # One queue per key (room is counted per key, over every queue): the
+        # runs that ended with no successor ask for starts, those that began
+        # their successor ask for its successor (none while stopping).
+        asked: dict[str, tuple[str, int, int]] = {}
         for (queue, key), count in Counter(held).items():
             if key not in asked or count > asked[key][1]:
-                asked[key] = (queue, count)
+                asked[key] = (queue, count, 0)
+        if not (state.stopping or state.fenced):
+            for job in carried:
+                limit_key = job.limit_key
+                assert limit_key is not None
+                queue, count, follow = asked.get(limit_key, (job.queue, 0, 0))
+                asked[limit_key] = (queue, count, follow + 1)
         keys = sorted(asked)
         excluded = set(keys)
-        for queue in {queue for queue, _ in asked.values()}:
+        for queue in {entry[0] for entry in asked.values()}:
             excluded.update(self._blocked(queue))
-        settings = self._settings
         params = {
             "queues": [asked[key][0] for key in keys],
             "keys": keys,
             "slots": [asked[key][1] for key in keys],
+            "carried": [job.id for job in carried],
             "now": settings.sql_now(),
             "worker_id": settings.worker_id,
             "tasks": list(settings.task_names),
@@ -142,27 +258,60 @@ class HandOffs:
         # and the pool lends each write any of its connections, so each of them
         # pays that warm-up (with pgbouncer's transaction pooling nothing is
         # prepared: the pool's prepare_threshold is None).
-        await conn.execute(queries.get("hand_off_lock"), {"keys": keys}, prepare=True)
-        cur = await conn.cursor(row_factory=job_rows).execute(
-            queries.get("hand_off_take"), params, prepare=True)
+        cur = None
+        if keys:
+            await conn.execute(queries.get("hand_off_lock"), {"keys": keys}, prepare=True)
+            cur = await conn.cursor(row_factory=job_state_rows).execute(
+                queries.get("hand_off_take"), params, prepare=True)
 
-        async def read() -> list[ClaimedJob]:
-            jobs = await cur.fetchall()
+        async def read() -> Took:
+            if took.begun is not None:
+                took.confirmed = {int(row[0]) for row in await took.begun.fetchall()}
+                took.begun = None
+            for job, job_state in ([] if cur is None else await cur.fetchall()):
+                (took.started if job_state is JobState.RUNNING else took.reserved).append(job)
             hooks = settings.app.on_transition_hooks
-            for job in jobs:
+            for job in took.started:
                 await call_transition_hooks(hooks, conn, job, "queued", "running")
-            return jobs
+            for job in carried:
+                if job.id in took.confirmed:
+                    await call_transition_hooks(hooks, conn, job, "queued", "running")
+            return took
 
         return read
 
-    def settle(self, batch: Sequence[Finish], started: list[ClaimedJob], *,
+    def settle(self, batch: Sequence[Finish], took: list[Took], *,
                failed: bool) -> None:
         """The write of ``batch`` is over: deliver the jobs its hand-offs started
-        (committed), free its reserved slots; after a failure, the queues whose
-        hand-offs may have committed unseen reconcile before their next claim."""
+        (committed), keep those they reserved, stop the reserved runs begun here
+        that it could not start (their reservation was given back), free its
+        reserved slots; after a failure, the queues whose hand-offs may have
+        committed unseen reconcile before their next claim, and the next write
+        gives back the reservations this worker does not know of."""
         if failed:
+            self._unsure = True
             for queue in {queue for queue, _ in self.reserved_in(batch)}:
                 self._suspect(queue)
+        started = [job for one in took for job in one.started]
+        if any(one.gave_back for one in took):
+            self._unsure = failed
+        confirmed = {job_id for one in took for job_id in one.confirmed}
+        lost: list[int] = []
+        for finish in batch:
+            begun = None if failed else self._carried.pop(finish.job.id, None)
+            if begun is not None and begun.id not in confirmed:
+                lost.append(begun.id)
+        if lost and self._lose is not None:
+            for job_id in lost:
+                run = self._state.running.get(job_id)
+                if run is not None:
+                    self.drop(run.queue, run.job.limit_key)
+            self._lose(lost, "its reservation was given back (cancelled or rescued)")
+        if not self._state.fenced:
+            for one in took:
+                for job in one.reserved:
+                    assert job.limit_key is not None
+                    self._successors.setdefault((job.queue, job.limit_key), []).append(job)
         by_queue: dict[str, list[ClaimedJob]] = {}
         for job in started:
             by_queue.setdefault(job.queue, []).append(job)
@@ -170,3 +319,38 @@ class HandOffs:
         for queue, jobs in by_queue.items():
             self._deliver(queue, jobs)
         self.release(batch)
+        self._trim()
+
+    def _trim(self) -> None:
+        """No more reserved jobs of a key than runs of it going here: a run that
+        ended while the write that reserved its successor was in flight left that
+        one with nothing to follow (it would wait here for a run of its key that
+        may never come). The extra ones go back (:meth:`give_back`)."""
+        if not self._successors:
+            return
+        going: Counter[tuple[str, str | None]] = Counter(
+            (run.queue, run.job.limit_key) for run in self._state.running.values()
+            if not run.recorded)
+        for (queue, key), jobs in list(self._successors.items()):
+            extra = len(jobs) - going[(queue, key)]
+            if extra > 0:
+                del jobs[len(jobs) - extra:]
+                if not jobs:
+                    del self._successors[(queue, key)]
+                self._unsure = True
+
+    @property
+    def unsure(self) -> bool:
+        """Reservations are held for this worker that it does not follow (dropped,
+        or possibly committed by a write that failed): :meth:`give_back` them."""
+        return self._unsure
+
+    async def give_back(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Give back every reservation of this worker but those it follows (in a
+        transaction of its own: the writes of outcomes do it too, when there are
+        any)."""
+        keep = [job.id for jobs in self._successors.values() for job in jobs]
+        await conn.execute(queries.get("give_back_reserved"), {
+            "worker_id": self._settings.worker_id,
+            "keep": keep + [job.id for job in self._carried.values()]})
+        self._unsure = False

@@ -102,6 +102,8 @@ async def _rescue(conn: psycopg.AsyncConnection[Any], app: Akadze | None,
     cur = await conn.cursor(row_factory=job_state_rows).execute(
         queries.get("rescue_expired"), {"now": now, "orphan_grace": orphan_grace})
     rows = await cur.fetchall()
+    # the reservations of the workers gone (deleted just now, or ended unseen)
+    await conn.execute(queries.get("rescue_reserved"))
     hooks = app.on_transition_hooks if app is not None else []
     rescued = []
     for job, new_state in rows:

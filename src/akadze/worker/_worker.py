@@ -145,13 +145,14 @@ class Worker:
         self._hand_offs = HandOffs(
             state, blocked=lambda queue: self._claim_loops[queue].blocked,
             deliver=lambda queue, jobs: self._claim_loops[queue].take_handed(jobs),
-            suspect=lambda queue: self._claim_loops[queue].suspect())
+            suspect=lambda queue: self._claim_loops[queue].suspect(),
+            lose=lambda ids, why: self._runner.lose(ids, why))
         self._flusher = OutcomeFlusher(state, owner, on_due=self._wakeup.due_at,
                                        on_room=self._key_room, hand_offs=self._hand_offs)
         self._progress = ProgressWriter(state, owner)
         self._runner = Runner(state, TaskRuntime(state, owner, self._progress),
                               submit=self._flusher.submit)
-        self._ownership = OwnershipCheck(state, lose=self._runner.lose)
+        self._ownership = OwnershipCheck(state, lose=self._lose_runs)
         state.trouble.on_recovered = self._reconnected
         self._listened = False
         self._cancels = CancelWatcher(state, owner, cancel=self._cancel,
@@ -197,6 +198,15 @@ class Worker:
         After :meth:`run` returns these are runs that were given back: a thread cannot
         be interrupted, so the function goes on while its job is queued again."""
         return self._runner.threads_running
+
+    def _lose_runs(self, job_ids: list[int], why: str) -> list[int]:
+        """Runs the database no longer has claimed by them (:meth:`Runner.lose`); the
+        reservations that followed them go back at the next write."""
+        for job_id in job_ids:
+            run = self._state.running.get(job_id)
+            if run is not None and not run.recorded:
+                self._hand_offs.drop(run.queue, run.job.limit_key)
+        return self._runner.lose(job_ids, why)
 
     def stop(self) -> None:
         """Ask the worker to stop: the first call is graceful (stop claiming, wait up to

@@ -93,8 +93,26 @@ WITH locked AS MATERIALIZED (
            COALESCE(NULLIF(current_setting('akadze.running_pending', true), ''),
                     '{}')::jsonb AS pending
 ),
+carried AS MATERIALIZED (
+    -- The reserved jobs begun in the slots of the runs this write ends, that
+    -- start_reserved started earlier in this transaction (one given back meanwhile
+    -- is not running: it gets no successor), per key. Read through the primary
+    -- key only: the other conditions are one "(...) IS TRUE" test, which no index
+    -- answers (jobs_running_worker_idx, chosen on stale statistics, read every run
+    -- of the worker once per key).
+    SELECT c.limit_key AS key, count(*)::int AS n
+    FROM akadze.jobs c
+    WHERE c.id = ANY (%(carried)s::bigint[])
+      AND (c.state = 'running' AND c.worker_id = %(worker_id)s) IS TRUE
+    GROUP BY c.limit_key
+),
 asked AS MATERIALIZED (
-    SELECT a.queue, a.key, a.slots
+    -- slots: the runs of the key that ended here with no successor (each asks
+    -- for a start); carried: the reserved jobs of the key begun in the slots of
+    -- the others. Each run started, either way, gets a successor reserved (room,
+    -- below).
+    SELECT a.queue, a.key, a.slots,
+           COALESCE((SELECT c.n FROM carried c WHERE c.key = a.key), 0) AS carried
     FROM unnest(%(queues)b::text[], %(keys)b::text[], %(slots)b::int[])
          AS a(queue, key, slots)
     WHERE (SELECT k.keys FROM locked k) ? a.key
@@ -137,7 +155,7 @@ far AS MATERIALIZED (
         FROM (SELECT j.priority, j.run_at, j.id FROM akadze.jobs j
               WHERE j.queue = a.queue AND j.limit_key = a.key AND j.state = 'queued'
               ORDER BY j.priority DESC, j.run_at, j.id
-              LIMIT a.slots) e
+              LIMIT 2 * a.slots + a.carried) e
         ORDER BY e.priority, e.run_at DESC, e.id DESC
         LIMIT 1
     ) h
@@ -227,28 +245,38 @@ stop AS MATERIALIZED (
     ) s
 ),
 room AS MATERIALIZED (
-    SELECT a.queue, a.key, st.priority AS stop_priority, st.run_at AS stop_run_at,
-           st.id AS stop_id,
-           CASE WHEN (SELECT r.yes FROM open_route r) THEN a.slots END AS first_only,
-           GREATEST(0, LEAST(a.slots, l.max_running - (
-               SELECT count(*) FROM akadze.jobs r
-               WHERE r.state = 'running' AND r.limit_key = a.key))) AS n
-    FROM asked a
-    JOIN akadze.limits l ON l.key = a.key
-    LEFT JOIN stop st ON st.queue = a.queue
+    SELECT s.*,
+           -- The successors to reserve: one per run of the key started by this
+           -- write (n here, carried by start_reserved), none while the key runs
+           -- more than its limit allows (it was lowered: no run is followed).
+           CASE WHEN s.over THEN 0 ELSE s.n + s.carried END AS r
+    FROM (SELECT a.queue, a.key, a.carried, st.priority AS stop_priority,
+                 st.run_at AS stop_run_at, st.id AS stop_id,
+                 CASE WHEN (SELECT r.yes FROM open_route r)
+                      THEN 2 * a.slots + a.carried END AS first_only,
+                 GREATEST(0, LEAST(a.slots, l.max_running - c.running)) AS n,
+                 c.running > l.max_running AS over
+          FROM asked a
+          JOIN akadze.limits l ON l.key = a.key
+          CROSS JOIN LATERAL (
+              SELECT count(*) AS running FROM akadze.jobs r
+              WHERE r.state = 'running' AND r.limit_key = a.key) c
+          LEFT JOIN stop st ON st.queue = a.queue) s
 ),
 chosen AS (
-    SELECT c.id
+    -- Per key, its first n + r eligible jobs in queue order: the first n start, the
+    -- next r are reserved (`rank`).
+    SELECT c.id, c.rank, rm.key, rm.n
     FROM room rm
     CROSS JOIN LATERAL (
-        SELECT e.id
+        SELECT e.id, row_number() OVER (ORDER BY e.priority DESC, e.run_at, e.id) AS rank
         FROM (SELECT j.id, j.priority, j.run_at
               FROM akadze.jobs j
               WHERE j.queue = rm.queue AND j.limit_key = rm.key AND j.state = 'queued'
               ORDER BY j.priority DESC, j.run_at, j.id
               -- on the open route, the key's first `slots` entries only (far's
               -- bound, per key)
-              LIMIT COALESCE(rm.first_only, rm.n + 16)) e
+              LIMIT COALESCE(rm.first_only, rm.n + rm.r + 16)) e
         JOIN akadze.jobs h ON h.id = e.id
         WHERE (rm.stop_id IS NULL
                OR (-e.priority::int, e.run_at, e.id)
@@ -259,9 +287,9 @@ chosen AS (
                     OR h.expires_at > COALESCE(%(now)s::timestamptz, now()))
                AND (%(tasks)b::text[] IS NULL OR h.task = ANY (%(tasks)b::text[]))) IS TRUE
         ORDER BY e.priority DESC, e.run_at, e.id
-        LIMIT rm.n
+        LIMIT rm.n + rm.r
     ) c
-    WHERE rm.n > 0
+    WHERE rm.n + rm.r > 0
 ),
 picked AS (
     SELECT j.id
@@ -273,10 +301,119 @@ picked AS (
            AND (j.expires_at IS NULL
                 OR j.expires_at > COALESCE(%(now)s::timestamptz, now()))) IS TRUE
     FOR UPDATE SKIP LOCKED
+),
+ranked AS (
+    -- A row skipped (locked elsewhere) moves the next ones up: the first n of
+    -- those locked start.
+    SELECT c.id, c.n, row_number() OVER (PARTITION BY c.key ORDER BY c.rank) AS k
+    FROM picked p
+    JOIN chosen c ON c.id = p.id
+),
+reserved AS (
+    -- Reserved for this worker: out of every ready index (state), counted by no
+    -- limit, with the claim token its run will carry. The worker starts it the
+    -- moment a run of its key ends here, and the write that records that end
+    -- starts it here too (start_reserved); a worker that stops gives its
+    -- reservations back (give_back_reserved), and those of a lost worker are given
+    -- back by rescue_reserved.
+    UPDATE akadze.jobs j
+    SET state = 'reserved', worker_id = %(worker_id)s,
+        claim_token = akadze.new_claim_token()
+    FROM ranked
+    WHERE j.id = ranked.id AND ranked.k > ranked.n
+    RETURNING
+-- include: job_columns
+    , j.state
+),
+started AS (
+    UPDATE akadze.jobs j
+-- include: run_start
+    FROM ranked
+    WHERE j.id = ranked.id AND ranked.k <= ranked.n
+    RETURNING
+-- include: job_columns
+    , j.state
+)
+SELECT * FROM started
+UNION ALL
+SELECT * FROM reserved
+
+-- name: start_reserved
+-- Start the reserved jobs that began running here when a run of their key ended
+-- (in the transaction that writes that run's outcome, after it: the key's
+-- running count goes down and up again, under the lock its finish took), each
+-- fenced by its reservation: still reserved for this worker, with the token the
+-- reservation drew. A reservation given back meanwhile (cancelled, rescued after
+-- the worker's lease ran out) is not started: the worker stops that run. The
+-- second arm answers a write retried after a commit it did not see: the job was
+-- started then (this statement's snapshot shows the rows as they were before it).
+WITH asked AS (
+    SELECT s.id, s.token
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS s(id, token)
+),
+started AS (
+    UPDATE akadze.jobs j
+    SET state = 'running',
+        run_count = j.run_count + 1,
+        attempt = j.attempt + 1,
+        started_at = COALESCE(%(now)s::timestamptz, now()),
+        limited = j.limited OR (j.limit_key IS NOT NULL AND EXISTS (
+            SELECT 1 FROM akadze.limits x WHERE x.key = j.limit_key))
+    FROM asked a
+    WHERE j.id = a.id AND j.state = 'reserved' AND j.worker_id = %(worker_id)s
+      AND j.claim_token = a.token
+    RETURNING j.id
+)
+SELECT s.id FROM started s
+UNION ALL
+SELECT j.id FROM akadze.jobs j
+JOIN asked a ON a.id = j.id
+WHERE j.state = 'running' AND j.worker_id = %(worker_id)s AND j.claim_token = a.token
+
+-- name: give_back_reserved
+-- A worker's reservations back to the queue (queued as they were: same place,
+-- no attempt spent), but those in `keep`: at a stop all of them, after a write
+-- that failed those the worker does not know of (it may have committed them).
+UPDATE akadze.jobs j
+SET state = 'queued', worker_id = NULL, claim_token = NULL
+WHERE j.state = 'reserved' AND j.worker_id = %(worker_id)s
+  AND NOT (j.id = ANY (%(keep)s::bigint[]))
+RETURNING j.id
+
+-- name: rescue_reserved
+-- The reservations of workers that have no row any more (rescue_expired deleted
+-- it, or the worker ended without giving them back) go back to the queue. The
+-- holders are listed by a skip scan of jobs_reserved_worker_idx (one probe per
+-- distinct worker), and only the jobs of the missing ones are read, through the
+-- same index: in its order (worker_id, id) and bounded, so that the plan is that
+-- index's scan whatever the statistics say (a bitmap scan, planned on a table
+-- analyzed while empty, would read each holder's whole bitmap first). A worker
+-- holds at most as many reservations as it has slots; more than 10 000 are given
+-- back over several rounds.
+WITH RECURSIVE holders AS (
+    (SELECT r.worker_id FROM akadze.jobs AS r
+     WHERE r.state = 'reserved' AND r.worker_id IS NOT NULL
+     ORDER BY r.worker_id
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.worker_id FROM akadze.jobs AS r
+            WHERE r.state = 'reserved' AND r.worker_id > h.worker_id
+            ORDER BY r.worker_id
+            LIMIT 1)
+    FROM holders AS h
+    WHERE h.worker_id IS NOT NULL
+), lost AS (
+    SELECT r.id
+    FROM holders AS h
+    CROSS JOIN LATERAL (
+        SELECT r.id FROM akadze.jobs AS r
+        WHERE r.state = 'reserved' AND r.worker_id = h.worker_id
+        ORDER BY r.id
+        LIMIT 10000) AS r
+    WHERE h.worker_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM akadze.workers AS w WHERE w.id = h.worker_id)
 )
 UPDATE akadze.jobs j
--- include: run_start
-FROM picked
-WHERE j.id = picked.id
-RETURNING
--- include: job_columns
+SET state = 'queued', worker_id = NULL, claim_token = NULL
+WHERE j.id = ANY (ARRAY(SELECT l.id FROM lost l)) AND j.state = 'reserved'
+RETURNING j.id

@@ -53,6 +53,15 @@ GROUP BY q.queue, h.task
 ORDER BY q.queue, h.task;
 
 -- name: worker_unregister
+-- The worker's row, and its reservations back to the queue (handoff.sql,
+-- hand_off_take: the next jobs of its keys it held for its slots; its runs are
+-- over by now, so none of them will start here).
+WITH given_back AS (
+    UPDATE akadze.jobs AS j
+    SET state = 'queued', worker_id = NULL, claim_token = NULL
+    WHERE j.state = 'reserved' AND j.worker_id = %(id)s
+    RETURNING j.id
+)
 DELETE FROM akadze.workers WHERE id = %(id)s;
 
 -- name: worker_runs_lost
@@ -417,7 +426,9 @@ SET state = 'cancelled',
     errors = akadze.append_error(j.errors, jsonb_build_object(
         'attempt', j.attempt, 'at', coalesce(%(now)s::timestamptz, now()),
         'error', 'Cancelled', 'message', 'cancelled before it ran'))
-WHERE j.id = %(id)s AND j.state IN ('queued', 'waiting')
+-- a reserved job too: its worker starts it only if the write that records the
+-- start finds it still reserved (start_reserved); else it stops that run
+WHERE j.id = %(id)s AND j.state IN ('queued', 'waiting', 'reserved')
 RETURNING j.id;
 
 -- name: cancel_running
