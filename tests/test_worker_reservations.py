@@ -13,11 +13,12 @@ import asyncio
 from typing import Any
 
 import psycopg
+import pytest
 from worker_support import Events, eventually, insert_job
 
 from akadze import Akadze, Worker, current, queries, request_cancel_sync
 from akadze.limits import set_limit_sync
-from akadze.worker import WorkerEvent
+from akadze.worker import WorkerEvent, _handoffs
 
 POLL = 60.0
 
@@ -170,3 +171,30 @@ def test_the_rescue_gives_back_the_reservations_of_a_worker_that_is_gone(
     assert given == [(gone,)]
     assert _row(conn, gone) == ("queued", None, False, 0, 0)
     assert _row(conn, kept) == ("reserved", "here", True, 0, 0)
+
+
+async def test_a_reservation_behind_a_long_run_goes_back(
+    app: Akadze, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reservation is held for HOLD at most: behind a run that goes on, it goes
+    back to the queue (where another worker's free slot of the key can take it)."""
+    monkeypatch.setattr(_handoffs, "HOLD", 0.2)
+    set_limit_sync(conn, "k", max_running=1)
+    second = asyncio.Event()
+    go_on = asyncio.Event()
+
+    @app.task("t")
+    async def t() -> None:
+        if current().id == ids[1]:
+            second.set()
+            await go_on.wait()
+
+    ids = [insert_job(conn, "t", limit_key="k", limited=True) for _ in range(3)]
+    async with Worker(app, slots=2, poll_interval=POLL, listen=False) as worker:
+        await asyncio.wait_for(second.wait(), 10)
+        await eventually(lambda: _row(conn, ids[2]) == ("queued", None, False, 0, 0),
+                         what="the reservation given back", within=10)
+        assert _row(conn, ids[1])[0] == "running"
+        go_on.set()
+        await eventually(lambda: worker.counts["succeeded"] == 3, what="three runs",
+                         within=10)

@@ -227,7 +227,8 @@ class Audit:
 
     @property
     def unfinished(self) -> int:
-        return self.states.get("queued", 0) + self.states.get("running", 0)
+        return (self.states.get("queued", 0) + self.states.get("reserved", 0)
+                + self.states.get("running", 0))
 
 
 def audit(conn: Conn) -> Audit:

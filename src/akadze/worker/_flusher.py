@@ -18,6 +18,7 @@ reserved until the write is over.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -65,6 +66,10 @@ class OutcomeFlusher:
         if self._hand_offs is not None:
             self._hand_offs.reserve(finish)
         self._pending.append(finish)
+        self._wanted.set()
+
+    def wake(self) -> None:
+        """Look again: reservations may wait to be given back."""
         self._wanted.set()
 
     @property
@@ -187,9 +192,17 @@ class OutcomeFlusher:
         state = self._state
         where = "writing outcomes"
         failures = 0
+        loop = asyncio.get_running_loop()
         while True:
-            await self._wanted.wait()
+            expiry = None if self._hand_offs is None else self._hand_offs.next_expiry()
+            if expiry is None:
+                await self._wanted.wait()
+            else:  # or until the oldest reservation is to go back
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wanted.wait(), max(0.0, expiry - loop.time()))
             self._wanted.clear()
+            if self._hand_offs is not None:
+                self._hand_offs.expire(loop.time())
             while self._pending:
                 delay = 0.0
                 async with self._write_lock:

@@ -393,9 +393,11 @@ class Worker:
     # -- wiring -------------------------------------------------------------------------
 
     def _wake_all(self) -> None:
-        """Every claim loop looks again (a stop, a renewed lease, a new listener)."""
+        """Every claim loop looks again (a stop, a renewed lease, a new listener); the
+        flusher gives back the reservations it let go meanwhile."""
         self._wakeup.notify_all()
         self._state.unblock()
+        self._flusher.wake()
 
     def _listening(self) -> bool:
         return self._listener is not None and self._listener.listening
@@ -424,7 +426,9 @@ class Worker:
             self._wakeup.notify(queue)
 
     def _give_back_all(self) -> list[int]:
-        """Fenced: give back every unfinished run and every job claimed ahead."""
+        """Fenced: give back every unfinished run and every job claimed ahead, and
+        let go of the reserved jobs."""
+        self._hand_offs.forget()
         given = self._runner.give_back_unfinished()
         for claims in self._claim_loops.values():
             given += claims.give_back_buffered()

@@ -41,6 +41,8 @@ DELETE FROM akadze.jobs
 -- the first queued entry.
 SELECT NOT EXISTS (SELECT 1 FROM akadze.jobs j WHERE j.state = 'queued')
        AND NOT EXISTS (SELECT 1 FROM akadze.jobs j WHERE j.state = 'running')
+       -- a reserved job is not done either (none is left once every run ended)
+       AND NOT EXISTS (SELECT 1 FROM akadze.jobs j WHERE j.state = 'reserved')
        AND EXISTS (SELECT 1 FROM akadze.jobs j WHERE j.state = 'succeeded') AS done
 
 -- name: limits_busy_drain

@@ -16,6 +16,13 @@ ALTER TYPE akadze.job_state ADD VALUE IF NOT EXISTS 'reserved' AFTER 'queued';
 
 -- akadze: after commit
 -- A worker's reservations: given back at its stop, and rescued (rescue_reserved)
--- once its row is gone.
-CREATE INDEX IF NOT EXISTS jobs_reserved_worker_idx ON akadze.jobs (worker_id, id)
-    WHERE state = 'reserved';
+-- once its row is gone. Under a lock of its own: two `migrate` runs at once both
+-- run the after-commit parts, and two CREATE INDEX IF NOT EXISTS at once both
+-- create (the second fails on the catalog's unique name).
+DO $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('akadze.migration.0022'));
+    CREATE INDEX IF NOT EXISTS jobs_reserved_worker_idx ON akadze.jobs (worker_id, id)
+        WHERE state = 'reserved';
+END
+$$;
