@@ -31,6 +31,24 @@ def _row(conn: psycopg.Connection[Any], job_id: int) -> tuple[Any, ...]:
     return tuple(row)
 
 
+def _second_waits(app: Akadze, conn: psycopg.Connection[Any]
+                  ) -> tuple[list[int], asyncio.Event, asyncio.Event]:
+    """Three jobs of one key with max_running 1; the second runs until ``go_on``
+    (``second`` says it began): the write that started it reserved the third."""
+    set_limit_sync(conn, "k", max_running=1)
+    second, go_on = asyncio.Event(), asyncio.Event()
+    ids: list[int] = []
+
+    @app.task("t")
+    async def t() -> None:
+        if current().id == ids[1]:
+            second.set()
+            await go_on.wait()
+
+    ids.extend(insert_job(conn, "t", limit_key="k", limited=True) for _ in range(3))
+    return ids, second, go_on
+
+
 async def test_a_reserved_job_starts_before_the_write_of_the_run_it_follows(
     app: Akadze, conn: psycopg.Connection[Any]
 ) -> None:
@@ -95,17 +113,7 @@ async def test_a_reserved_job_starts_before_the_write_of_the_run_it_follows(
 async def test_a_stop_gives_the_reservations_back(
     app: Akadze, conn: psycopg.Connection[Any]
 ) -> None:
-    set_limit_sync(conn, "k", max_running=1)
-    second = asyncio.Event()
-    go_on = asyncio.Event()
-
-    @app.task("t")
-    async def t() -> None:
-        if current().id == ids[1]:
-            second.set()
-            await go_on.wait()
-
-    ids = [insert_job(conn, "t", limit_key="k", limited=True) for _ in range(3)]
+    ids, second, go_on = _second_waits(app, conn)
     worker = Worker(app, slots=2, poll_interval=POLL, listen=False)
     running = asyncio.create_task(worker.run())
     await asyncio.wait_for(second.wait(), 10)
@@ -179,17 +187,7 @@ async def test_a_reservation_behind_a_long_run_goes_back(
     """A reservation is held for HOLD at most: behind a run that goes on, it goes
     back to the queue (where another worker's free slot of the key can take it)."""
     monkeypatch.setattr(_handoffs, "HOLD", 0.2)
-    set_limit_sync(conn, "k", max_running=1)
-    second = asyncio.Event()
-    go_on = asyncio.Event()
-
-    @app.task("t")
-    async def t() -> None:
-        if current().id == ids[1]:
-            second.set()
-            await go_on.wait()
-
-    ids = [insert_job(conn, "t", limit_key="k", limited=True) for _ in range(3)]
+    ids, second, go_on = _second_waits(app, conn)
     async with Worker(app, slots=2, poll_interval=POLL, listen=False) as worker:
         await asyncio.wait_for(second.wait(), 10)
         await eventually(lambda: _row(conn, ids[2]) == ("queued", None, False, 0, 0),
