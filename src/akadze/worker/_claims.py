@@ -379,6 +379,11 @@ class ClaimLoop:
                     await self._idle_wait()
                     continue
             room = self._room()
+            if room <= 0:
+                # taken meanwhile (the look above awaited): a reserved job begun in the
+                # slot of a run whose task has not ended yet counts once more until it
+                # does (see _handoffs)
+                continue
             began = loop.time()
             wakeup.claiming(self.queue)
             IDLE_EASING.claims += 1
