@@ -126,11 +126,6 @@ class HandOffs:
         settings = self._settings
         return settings.hand_off and not settings.fair
 
-    @property
-    def reservations(self) -> int:
-        """Jobs reserved for this worker and not started yet."""
-        return sum(len(jobs) for jobs in self._successors.values())
-
     def reserve(self, finish: Finish) -> None:
         """A run ended with ``finish`` to write: start its key's reserved job in its
         slot, or keep the slot for a hand-off when one may follow (see the
@@ -145,6 +140,7 @@ class HandOffs:
         waiting = self._successors.get((job.queue, job.limit_key))
         if waiting:
             successor = waiting.pop(0)
+            self._until.pop(successor.id, None)
             if not waiting:
                 del self._successors[(job.queue, job.limit_key)]
             # as start_reserved will write it
@@ -166,6 +162,9 @@ class HandOffs:
     def expire(self, now: float) -> None:
         """Let go of the reservations held since :data:`HOLD` (the next write, or
         :meth:`give_back`, gives them back)."""
+        due = self.next_expiry()
+        if due is None or due > now:
+            return
         for key, jobs in list(self._successors.items()):
             kept = [job for job in jobs if self._until.get(job.id, now + 1) > now]
             if len(kept) < len(jobs):
@@ -252,10 +251,7 @@ class HandOffs:
         settings, state = self._settings, self._state
         carried = [self._carried[f.job.id] for f in part if f.job.id in self._carried]
         if self._unsure and not (state.stopping or state.fenced):
-            keep = [job.id for jobs in self._successors.values() for job in jobs]
-            await conn.execute(queries.get("give_back_reserved"), {
-                "worker_id": settings.worker_id,
-                "keep": keep + [job.id for job in self._carried.values()]})
+            await self.give_back(conn)  # settle says whether it committed
             took.gave_back = True
         held = self.reserved_in(part)
         # One queue per key (room is counted per key, over every queue): the
@@ -333,11 +329,7 @@ class HandOffs:
             begun = None if failed else self._carried.pop(finish.job.id, None)
             if begun is not None and begun.id not in confirmed:
                 lost.append(begun.id)
-        if lost and self._lose is not None:
-            for job_id in lost:
-                run = self._state.running.get(job_id)
-                if run is not None:
-                    self.drop(run.queue, run.job.limit_key)
+        if lost and self._lose is not None:  # the worker drops what followed them
             self._lose(lost, "its reservation was given back (cancelled or rescued)")
         for one in took:
             for job in one.reserved:
@@ -382,9 +374,9 @@ class HandOffs:
         return self._unsure
 
     async def give_back(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Give back every reservation of this worker but those it follows (in a
-        transaction of its own: the writes of outcomes do it too, when there are
-        any)."""
+        """Give back every reservation of this worker but those it follows: on its
+        own, or inside an outcome write (:meth:`take_in`; if that write fails,
+        :meth:`settle` marks them to give back again)."""
         keep = [job.id for jobs in self._successors.values() for job in jobs]
         await conn.execute(queries.get("give_back_reserved"), {
             "worker_id": self._settings.worker_id,

@@ -146,7 +146,7 @@ class Worker:
             state, blocked=lambda queue: self._claim_loops[queue].blocked,
             deliver=lambda queue, jobs: self._claim_loops[queue].take_handed(jobs),
             suspect=lambda queue: self._claim_loops[queue].suspect(),
-            lose=lambda ids, why: self._runner.lose(ids, why))
+            lose=lambda ids, why: self._lose_runs(ids, why))
         self._flusher = OutcomeFlusher(state, owner, on_due=self._wakeup.due_at,
                                        on_room=self._key_room, hand_offs=self._hand_offs)
         self._progress = ProgressWriter(state, owner)
@@ -200,7 +200,8 @@ class Worker:
         return self._runner.threads_running
 
     def _lose_runs(self, job_ids: list[int], why: str) -> list[int]:
-        """Runs the database no longer has claimed by them (:meth:`Runner.lose`); the
+        """Runs the database no longer has claimed by them (:meth:`Runner.lose`: the
+        ownership check's, and the hand-offs' for a reservation given back); the
         reservations that followed them go back at the next write."""
         for job_id in job_ids:
             run = self._state.running.get(job_id)
