@@ -81,9 +81,12 @@ async def test_a_reserved_job_starts_before_the_write_of_the_run_it_follows(
         assert _row(conn, ids[3])[0] == "queued"
         go_on[1].set()
         await asyncio.wait_for(began[2].wait(), 10)
-        # the write of the second's outcome started the third, and reserved the fourth
-        await eventually(lambda: _row(conn, ids[3])[0] == "reserved",
-                         what="the fourth reserved", within=10)
+        # the write of the second's outcome started the third, and reserved the fourth:
+        # once the worker has read its reply (it says so with outcomes_written)
+        await eventually(lambda: any(kind == "written" and ids[1] in done
+                                     for kind, done in seen),
+                         what="the second's outcome written", within=10)
+        assert _row(conn, ids[3])[0] == "reserved"
         assert _row(conn, ids[2]) == ("running", worker.worker_id, True, 1, 1)
         go_on[2].set()
         await eventually(lambda: worker.counts["succeeded"] == 4, what="four runs",
